@@ -1,0 +1,81 @@
+"""The build: one explicit table of stages, run in order over a manifest.
+
+    checkpoint -> export -> optimize -> quantize -> validate -> publish
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from pipeline import checkpoint, export, optimize, publish, quantize, validate
+from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
+from pipeline.errors import InputError, TargetError
+from pipeline.manifest import Manifest
+from pipeline.targets import TARGETS_DIR, load_target
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
+
+STAGES = (
+    ("checkpoint", checkpoint.run),
+    ("export", export.run),
+    ("optimize", optimize.run),
+    ("quantize", quantize.run),
+    ("validate", validate.run),
+    ("publish", publish.run),
+)
+
+
+def model_name_for(source: Path) -> str:
+    """A file-system-safe artifact name from a checkpoint folder's name."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", source.resolve().name.lower()).strip("-.")
+    if not name:
+        raise InputError(f"cannot derive an artifact name from {source}; pass --name")
+    return name
+
+
+def build(
+    model: str | Path | None = None,
+    target: str = "cpu-avx2",
+    name: str | None = None,
+    task: str | None = None,
+    artifacts_dir: str | Path = REPO / "artifacts",
+    cache_dir: str | Path = REPO / ".cache" / "stages",
+    validation: str | Path = DEFAULT_VALIDATION,
+    calibration: str | Path = DEFAULT_CALIBRATION,
+    targets_dir: str | Path = TARGETS_DIR,
+    on_stage=None,
+) -> Manifest:
+    """Build, validate and publish one model for one target; returns the final manifest.
+
+    `model` is a local Hugging Face checkpoint folder (default: the packaged all-MiniLM-L6-v2). `on_stage`, if
+    given, is called with each StageRecord as it finishes.
+    """
+    spec = load_target(target, Path(targets_dir))
+    if not spec.supported:
+        raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
+    if model is None:
+        source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME
+    else:
+        source = Path(model)
+    if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        raise InputError(f"artifact name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    manifest = Manifest(
+        model_name=name or model_name_for(source),
+        source=str(source),
+        cache_dir=str(cache_dir),
+        artifacts_dir=str(artifacts_dir),
+        validation_path=str(validation),
+        calibration_path=str(calibration),
+        task_override=task,
+    )
+    started = time.perf_counter()
+    for _, stage in STAGES:
+        count = len(manifest.stages)
+        manifest = stage(manifest, spec)
+        if on_stage and len(manifest.stages) > count:
+            on_stage(manifest.stages[-1])
+    manifest.published["seconds"] = round(time.perf_counter() - started, 2)
+    return manifest

@@ -1,0 +1,95 @@
+"""The command line: each command parses, calls one library function, prints. Heavy imports stay inside."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from pipeline.errors import PipelineError
+
+
+def _fail(err: PipelineError) -> None:
+    click.echo(f"error: {err}", err=True)
+    sys.exit(err.exit_code)
+
+
+@click.group()
+def main() -> None:
+    """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
+
+
+@main.command()
+@click.option("--model", "model", default=None, help="local Hugging Face checkpoint folder (default: packaged all-MiniLM-L6-v2)")
+@click.option("--target", default="cpu-avx2", show_default=True, help="target name (see `pipeline targets`) or .toml path")
+@click.option("--name", default=None, help="artifact name (default: the checkpoint folder's name)")
+@click.option("--task", default=None, help="feature-extraction, sequence-classification or token-classification")
+@click.option("--artifacts-dir", default=None, help="where artifacts are published (default: ./artifacts)")
+@click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
+@click.option("--validation", default=None, help="held-out text for validation (default: data/validation.txt)")
+@click.option("--calibration", default=None, help="calibration text (default: data/calibration.txt)")
+def build(model, target, name, task, artifacts_dir, cache_dir, validation, calibration) -> None:
+    """Build, validate and publish MODEL for TARGET."""
+    from pipeline.build import build as run_build
+
+    options = {"artifacts_dir": artifacts_dir, "cache_dir": cache_dir, "validation": validation, "calibration": calibration}
+
+    def show(record) -> None:
+        state = "reused" if record.reused else "built"
+        click.echo(f"  {record.name:<11} {state:<7} {record.seconds:8.2f}s")
+
+    try:
+        manifest = run_build(model, target, name, task, on_stage=show, **{k: v for k, v in options.items() if v})
+    except PipelineError as err:
+        _fail(err)
+    published = manifest.published
+    reused = [r.name for r in manifest.stages if r.reused]
+    if published["reused"]:
+        click.echo(f"unchanged: {published['path']} already holds this build ({published['version']})")
+    else:
+        click.echo(f"published {published['path']}")
+    validation_metrics = manifest.stage("validate").metrics
+    shown = {k: round(v, 4) for k, v in validation_metrics.items() if isinstance(v, float)}
+    click.echo(f"validation: {json.dumps(shown)}")
+    click.echo(f"reused stages: {', '.join(reused) or 'none'}; {published['seconds']:.1f}s in all")
+
+
+@main.command()
+@click.argument("artifact")
+@click.option("--data", default=None, help="held-out text (default: data/validation.txt)")
+def validate(artifact, data) -> None:
+    """Re-validate a published ARTIFACT against its PyTorch source checkpoint."""
+    from pipeline.validate import validate_artifact
+
+    try:
+        stats = validate_artifact(artifact, data)
+    except PipelineError as err:
+        _fail(err)
+    click.echo(json.dumps(stats, indent=1, sort_keys=True))
+
+
+@main.command(name="inspect")
+@click.argument("artifact")
+def inspect_artifact(artifact) -> None:
+    """Verify ARTIFACT's hashes and print its manifest summary."""
+    from pipeline.runtime import describe
+
+    try:
+        click.echo(json.dumps(describe(artifact), indent=1, sort_keys=True))
+    except PipelineError as err:
+        _fail(err)
+
+
+@main.command()
+def targets() -> None:
+    """List the available targets."""
+    from pipeline.targets import available_targets, load_target
+
+    try:
+        for name in available_targets():
+            spec = load_target(name)
+            state = "" if spec.supported else "  (not yet supported)"
+            click.echo(f"{name:<12} {spec.description}{state}")
+    except PipelineError as err:
+        _fail(err)

@@ -1,0 +1,43 @@
+"""The pipeline's exceptions. Library code raises these; only the CLI turns them into exit codes."""
+
+
+class PipelineError(Exception):
+    """Base of every error the pipeline raises on purpose. The message says what, what is available, and the fix."""
+
+    exit_code = 1
+
+
+class TargetError(PipelineError):
+    """A target file is missing, malformed, or asks for something this build cannot do."""
+
+    exit_code = 2
+
+
+class InputError(PipelineError):
+    """A checkpoint, data file or runtime input is missing or malformed."""
+
+    exit_code = 3
+
+
+class ExportError(PipelineError):
+    """The checkpoint could not be turned into a working ONNX graph."""
+
+    exit_code = 4
+
+
+class QuantizationError(PipelineError):
+    """Quantization could not produce a graph."""
+
+    exit_code = 5
+
+
+class AccuracyError(PipelineError):
+    """A candidate missed the target's accuracy thresholds; nothing was published."""
+
+    exit_code = 6
+
+
+class ArtifactError(PipelineError):
+    """A published artifact is missing, incomplete or has been tampered with."""
+
+    exit_code = 7

@@ -1,0 +1,77 @@
+"""The typed build manifest that flows through the stages, and the records each stage adds to it.
+
+A stage is `run(manifest, target) -> manifest`: it reads what earlier stages recorded and returns a new
+manifest with its own StageRecord appended. Nothing else is passed between stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What the checkpoint stage learned of the source folder."""
+
+    path: str
+    digest: str  # sha256 over (relative path, file sha256) of every file that defines the model
+    model_type: str
+    task: str
+    config: dict
+    pooling: dict | None  # sentence-transformers pooling, or None for plain transformers checkpoints
+    max_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRecord:
+    """One stage's result: its cache key, config, output files (name -> path), metrics and timing."""
+
+    name: str
+    key: str
+    config: dict
+    outputs: dict
+    metrics: dict
+    seconds: float
+    reused: bool
+
+    def output(self, name: str) -> Path:
+        """Path of one of this stage's output files."""
+        return Path(self.outputs[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything known about one build so far."""
+
+    model_name: str
+    source: str
+    cache_dir: str
+    artifacts_dir: str
+    validation_path: str
+    calibration_path: str
+    task_override: str | None = None
+    checkpoint: Checkpoint | None = None
+    stages: tuple[StageRecord, ...] = ()
+    published: dict | None = None
+
+    def stage(self, name: str) -> StageRecord:
+        """The record of an earlier stage, by name."""
+        for record in self.stages:
+            if record.name == name:
+                return record
+        done = ", ".join(r.name for r in self.stages) or "none"
+        raise PipelineError(f"stage {name!r} has not run yet (done: {done}); the stage table is out of order")
+
+    def with_stage(self, record: StageRecord) -> Manifest:
+        """A copy with `record` appended."""
+        return dataclasses.replace(self, stages=self.stages + (record,))
+
+    def last_model(self) -> StageRecord:
+        """The latest stage that produced a model.onnx: the graph later stages work on."""
+        for record in reversed(self.stages):
+            if "model.onnx" in record.outputs:
+                return record
+        raise PipelineError("no stage has produced a model.onnx yet")

@@ -1,0 +1,224 @@
+"""Stage 4: quantize_dynamic. Int8 weights, activations quantized at run time, with two guards on accuracy.
+
+1. Smoothing (SmoothQuant-style, optional): transformer activations have a few channels far larger than the
+   rest, and a per-tensor activation scale spends all of int8 on them. For each quantized node Y = X @ W,
+   a per-input-channel factor s moves that range into the weights, which are quantized per channel:
+
+       X --MatMul(W)--> Y      becomes      X --Mul(1/s)--> X' --MatMul(diag(s) W)--> Y
+
+   s_j = max|X_j|^alpha / max|W_j|^(1-alpha), from activation ranges on the calibration text.
+2. Accuracy-aware fallback: if the int8 graph misses the target's thresholds on the calibration text (against
+   the fp32 graph), each quantizable node's sensitivity is measured (the error it adds when it alone is
+   quantized) and the most sensitive are kept in fp32, a few more at a time, up to `max_fp32_nodes`.
+
+Every candidate tried is recorded in the stage's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.cache import run_cached
+from pipeline.data import read_texts, texts_digest
+from pipeline.errors import AccuracyError, QuantizationError
+from pipeline.manifest import Manifest
+from pipeline.targets import Target, with_headroom
+from pipeline.tasks import TASKS
+from pipeline.validate import candidate_model, compare, failures, measure
+
+FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def quantizable_nodes(model, op_types) -> list:
+    """Nodes of the given op types whose weight (input 1) is a constant initializer."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [n for n in model.graph.node if n.op_type in op_types and len(n.input) > 1 and n.input[1] in initializers]
+
+
+def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_size: int) -> dict[str, np.ndarray]:
+    """Per-channel max |x| of each node's input 0 over the calibration text (padding excluded)."""
+    import onnx
+    import onnxruntime as ort
+
+    graph = onnx.load(str(source))
+    names = sorted({n.input[0] for n in nodes})
+    known = {o.name for o in graph.graph.output}
+    for name in names:
+        if name not in known:
+            graph.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    encodings = model.encode(texts)
+    ranges: dict[str, np.ndarray] = {}
+    for start in range(0, len(encodings), batch_size):
+        feeds = model.feeds(encodings[start : start + batch_size])
+        mask = feeds["attention_mask"].astype(bool)
+        for name, value in zip(names, session.run(names, feeds)):
+            value = np.abs(value[mask] if value.ndim == 3 else value)
+            peak = value.reshape(-1, value.shape[-1]).max(0)
+            ranges[name] = np.maximum(ranges.get(name, 0.0), peak)
+    return ranges
+
+
+def smooth(source: Path, out: Path, ranges: dict[str, np.ndarray], op_types, alpha: float) -> list[str]:
+    """Write a smoothed copy of `source` to `out`; returns the names of the nodes smoothed."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(source))
+    initializers = {i.name: i for i in graph.graph.initializer}
+    targets = {n.name for n in quantizable_nodes(graph, op_types)}
+    nodes, smoothed, users = [], [], {}
+    for node in graph.graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    for node in graph.graph.node:
+        weight_name = node.input[1] if len(node.input) > 1 else None
+        # A weight shared by two nodes cannot be rescaled for one of them alone.
+        if node.name in targets and users.get(weight_name) == 1 and node.input[0] in ranges:
+            weight = numpy_helper.to_array(initializers[weight_name])
+            act = ranges[node.input[0]]
+            if weight.ndim == 2 and act.shape[0] == weight.shape[0]:
+                w_max = np.abs(weight).max(1)
+                scale = (np.maximum(act, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)).astype(np.float32)
+                initializers[weight_name].CopyFrom(numpy_helper.from_array(weight * scale[:, None], weight_name))
+                scale_name = f"{node.name}_smooth_inv_scale"
+                graph.graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), scale_name))
+                scaled = f"{node.input[0]}_smoothed_for_{node.name}"
+                nodes.append(onnx.helper.make_node("Mul", [node.input[0], scale_name], [scaled], name=f"{node.name}_smooth"))
+                node.input[0] = scaled
+                smoothed.append(node.name)
+        nodes.append(node)
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    onnx.save(graph, str(out))
+    return smoothed
+
+
+def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -> None:
+    """ONNX Runtime dynamic quantization with the target's settings; `only` restricts it to those nodes."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+
+    weight_type = QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8
+    root = logging.getLogger()
+    level = root.level
+    # onnxruntime.quantization logs advice on the root logger at every call; it is noise in a build's output.
+    root.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ort_quantize_dynamic(
+                str(source), str(out), per_channel=settings.per_channel, reduce_range=settings.reduce_range,
+                weight_type=weight_type, op_types_to_quantize=list(settings.op_types),
+                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []),
+                # Fused ops (SkipLayerNormalization...) have no ONNX shape inference; without this their
+                # outputs' type is unknown and quantization stops with "Unable to find data type".
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )  # fmt: skip
+        except Exception as err:  # onnxruntime raises bare Exceptions here
+            raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
+        finally:
+            root.setLevel(level)
+
+
+def _error(stats: dict, metric: str) -> float:
+    return 1.0 - stats["cosine_mean"] if metric == "embedding" else stats["max_abs_diff"]
+
+
+def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -> dict:
+    import onnx
+
+    settings = target.quantize
+    metric = TASKS[manifest.checkpoint.task].metric
+    batch = target.shapes.batch_size
+    fp32_path = manifest.last_model().output("model.onnx")
+    fp32 = candidate_model(manifest, target, fp32_path)
+    reference = fp32.run(texts, batch_size=batch)
+    work = out / "work"
+    work.mkdir()
+    graph = onnx.load(str(fp32_path), load_external_data=False)
+    nodes = quantizable_nodes(graph, settings.op_types)
+    source, smoothed = fp32_path, []
+    if settings.smooth_alpha > 0:
+        ranges = activation_absmax(fp32_path, nodes, fp32, texts, batch)
+        source = work / "smoothed.onnx"
+        smoothed = smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
+    excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
+    candidates, sensitivity = [], None
+    gate = with_headroom(target.accuracy, settings.fallback_headroom)
+
+    def attempt(exclude: list[str]) -> tuple[Path, dict]:
+        path = work / f"int8-{len(exclude)}.onnx"
+        started = time.perf_counter()
+        quantize_dynamic(source, path, settings, exclude=exclude)
+        stats = measure(candidate_model(manifest, target, path), texts, reference, metric, batch)
+        missed = failures(stats, gate)
+        candidates.append({"fp32_nodes": len(exclude), "passed": not missed, "seconds": round(time.perf_counter() - started, 2), **stats})
+        return path, missed
+
+    chosen, missed = attempt(excluded)
+    if missed and settings.max_fp32_nodes > len(excluded):
+        sensitivity = []
+        for node in nodes:
+            if node.name in excluded:
+                continue
+            path = work / "single.onnx"
+            quantize_dynamic(source, path, settings, only=[node.name])
+            stats = compare(metric, reference, candidate_model(manifest, target, path).run(texts, batch_size=batch))
+            sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
+        sensitivity.sort(key=lambda s: -s["error"])
+        for step in FALLBACK_STEPS:
+            if step > min(settings.max_fp32_nodes, len(sensitivity)):
+                break
+            exclude = excluded + [s["node"] for s in sensitivity[:step]]
+            chosen, missed = attempt(exclude)
+            if not missed:
+                excluded = exclude
+                break
+    if missed:
+        raise AccuracyError(
+            f"int8 {manifest.model_name} for {target.name} misses its thresholds on the calibration text even with "
+            f"{candidates[-1]['fp32_nodes']} nodes kept in fp32: {'; '.join(missed)}. Raise quantize.max_fp32_nodes "
+            f"(now {settings.max_fp32_nodes}) or build a fp32 target."
+        )
+    chosen.rename(out / "model.onnx")
+    for leftover in work.iterdir():
+        leftover.unlink()
+    work.rmdir()
+    return {
+        "calibration_examples": len(texts),
+        "quantized_nodes": len(nodes) - len(excluded),
+        "fp32_nodes": excluded,
+        "smoothed_nodes": len(smoothed),
+        "candidates": candidates,
+        "sensitivity": sensitivity,
+    }
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Quantize the optimized graph as the target asks (`mode = "none"` leaves it in fp32)."""
+    import onnxruntime
+
+    settings = target.quantize
+    if settings.mode == "none":
+        return manifest
+    if settings.mode == "static":
+        raise QuantizationError(f"target {target.name} asks for static quantization, which is not built yet; use mode = \"dynamic\"")
+    texts = read_texts(manifest.calibration_path, "calibration")[: settings.calibration_examples]
+    config = {
+        "mode": settings.mode,
+        "settings": target.to_dict()["quantize"],
+        "accuracy": target.to_dict()["accuracy"],
+        "batch_size": target.shapes.batch_size,
+        "calibration_sha256": texts_digest(texts),
+        "onnxruntime": onnxruntime.__version__,
+    }
+    source = manifest.last_model()
+    record = run_cached(manifest.cache_dir, "quantize", config, source.key, target.device, lambda out: _quantize(manifest, target, texts, out))
+    return manifest.with_stage(record)

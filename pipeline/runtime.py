@@ -1,0 +1,267 @@
+"""The production loader: verifies a published artifact and runs it.
+
+Imports only the standard library, numpy, onnxruntime and tokenizers (a test proves it in a subprocess), so a
+service ships without torch, transformers or onnx. Usage:
+
+    from pipeline.runtime import load
+    model = load("artifacts/all-minilm-l6-v2/latest/cpu-avx2")
+    vectors = model.run(["a sentence", "another"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+from pipeline.errors import ArtifactError, InputError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_SCHEMA = 1
+_GRAPH_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
+
+
+class HostMismatchWarning(UserWarning):
+    """The host lacks CPU features the artifact's target requires; it may run slowly or not at all."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def canonical_json(value) -> bytes:
+    """The one JSON encoding hashed anywhere in the pipeline: sorted keys, no whitespace."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of a manifest's canonical JSON without its own `manifest_sha256` field."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The host's CPU feature flags from /proc/cpuinfo, or None where they cannot be read (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return None
+
+
+def verify_artifact(path: Path) -> dict:
+    """Check an artifact folder against its manifest and return the manifest.
+
+    Refuses (ArtifactError naming the file) a missing or changed file, a file the manifest does not list, a
+    symlink inside the artifact, an edited manifest, and a manifest whose version or target disagrees with
+    the folder it sits in. The hashes prove the files are the ones the build validated; they do not prove who
+    built them (see the README's guarantees).
+    """
+    path = Path(path)
+    root = path.resolve()
+    manifest_path = root / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not a published artifact. Build one with `make build`.")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{manifest_path} is not valid JSON ({err}); the artifact is damaged, rebuild it") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        raise ArtifactError(f"{manifest_path}: unknown manifest schema; this loader reads schema {MANIFEST_SCHEMA}")
+    if manifest.get("manifest_sha256") != manifest_digest(manifest):
+        raise ArtifactError(f"{manifest_path} was edited after publishing (its digest does not match); rebuild it")
+    if manifest.get("target") != root.name or manifest.get("version") != root.parent.name:
+        raise ArtifactError(
+            f"{manifest_path} belongs to {manifest.get('version')}/{manifest.get('target')}, but sits in "
+            f"{root.parent.name}/{root.name}: a manifest from another artifact. Load the folder it came from."
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{manifest_path} lists no files")
+    present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
+    extra = sorted(present - set(files))
+    if extra:
+        raise ArtifactError(f"{root / extra[0]} is not listed in the manifest; an artifact holds only what was validated")
+    for name, expected in sorted(files.items()):
+        file = root / name
+        if "/" in name or name.startswith("."):
+            raise ArtifactError(f"{manifest_path} lists {name!r}, which is not a plain file name")
+        if file.is_symlink():
+            raise ArtifactError(f"{file} is a symlink (to {os.readlink(file)}); artifact files must be plain files")
+        if not file.is_file():
+            raise ArtifactError(f"{file} is missing from the artifact; rebuild it")
+        if sha256_file(file) != expected:
+            raise ArtifactError(f"{file} does not match its sha256 in the manifest: changed after publishing")
+    return manifest
+
+
+class Model:
+    """A loaded model: a tokenizer and an ONNX Runtime session, with the task's input and output handling."""
+
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
+        import numpy as np
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self._np = np
+        self.spec = spec
+        self.task = spec["task"]
+        self.max_length = int(spec["max_length"])
+        self.batch_size = int(spec["batch_size"])
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer.no_padding()
+        if spec["overlong"] == "truncate":
+            self.tokenizer.enable_truncation(self.max_length)
+        else:
+            self.tokenizer.no_truncation()
+        options = ort.SessionOptions()
+        session = session or {}
+        options.intra_op_num_threads = int(session.get("intra_op_threads", 0))
+        options.inter_op_num_threads = int(session.get("inter_op_threads", 1))
+        level = session.get("graph_optimization_level", "all")
+        options.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL")
+        )
+        if session.get("execution_mode") == "parallel":
+            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        self.session = ort.InferenceSession(
+            str(onnx_path), options, providers=providers or ["CPUExecutionProvider"]
+        )
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_name = spec["output"]
+
+    def _check_texts(self, texts) -> list[str]:
+        if isinstance(texts, str):
+            raise InputError("run() takes a list of strings, got a single str; wrap it: model.run([text])")
+        try:
+            texts = list(texts)
+        except TypeError:
+            raise InputError(f"run() takes a list of strings, got {type(texts).__name__}") from None
+        if not texts:
+            raise InputError("run() got an empty list; pass at least one string")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"run() input {i} is {type(text).__name__}, not str; pass text only")
+        return texts
+
+    def encode(self, texts) -> list:
+        """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
+        texts = self._check_texts(texts)
+        encodings = self.tokenizer.encode_batch(texts)
+        for i, enc in enumerate(encodings):
+            if len(enc.ids) > self.max_length:
+                raise InputError(
+                    f"run() input {i} is {len(enc.ids)} tokens, over the model's {self.max_length}; this target "
+                    "refuses overlong input (shapes.overlong = 'refuse'): shorten it or use a truncating target"
+                )
+        return encodings
+
+    def feeds(self, encodings) -> dict:
+        """Padded numpy inputs for a list of encodings, keyed by the graph's input names."""
+        np = self._np
+        width = max(len(e.ids) for e in encodings)
+        pad_id = int(self.spec["pad_id"])
+        ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[row, :n] = enc.ids
+            mask[row, :n] = 1
+            types[row, :n] = enc.type_ids
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return {name: arrays[name] for name in self.input_names}
+
+    def run(self, texts, batch_size: int | None = None):
+        """Run the model on a list of strings.
+
+        Inputs are sorted by length and padded per batch, so a short text never pays for a long one.
+        Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an
+        array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays.
+        """
+        np = self._np
+        encodings = self.encode(texts)
+        size = batch_size or self.batch_size
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        results: list = [None] * len(encodings)
+        for start in range(0, len(order), size):
+            chunk = order[start : start + size]
+            feeds = self.feeds([encodings[i] for i in chunk])
+            out = self.session.run([self.output_name], feeds)[0]
+            for row, index in enumerate(chunk):
+                if self.task == "token-classification":
+                    results[index] = out[row, : int(feeds["attention_mask"][row].sum())]
+                else:
+                    results[index] = out[row]
+        if self.task == "token-classification":
+            return results
+        return np.stack(results)
+
+
+def _check_host(manifest: dict, strict: bool) -> None:
+    required = set(manifest["target_spec"].get("required_cpu_flags", ()))
+    flags = cpu_flags()
+    if not required:
+        return
+    if flags is None:
+        message = f"cannot read this host's CPU flags to check {sorted(required)} for target {manifest['target']}"
+    else:
+        missing = sorted(required - flags)
+        if not missing:
+            return
+        message = (
+            f"this host lacks CPU flags {', '.join(missing)} that target {manifest['target']} requires; "
+            "the artifact may run slowly or fail. Load the artifact built for this host's target instead"
+        )
+    if strict:
+        raise ArtifactError(message)
+    warnings.warn(message, HostMismatchWarning, stacklevel=3)
+
+
+def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None) -> Model:
+    """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one).
+
+    Every file's sha256 is checked against the manifest first. A host without the target's CPU flags gives a
+    HostMismatchWarning, or an ArtifactError with `strict=True`.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
+    manifest = verify_artifact(root)
+    _check_host(manifest, strict)
+    session = dict(manifest["session"])
+    if intra_op_threads is not None:
+        session["intra_op_threads"] = intra_op_threads
+    real = root.resolve()
+    return Model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
+
+
+def describe(path) -> dict:
+    """A verified artifact's identity, source, validation and sizes, for `pipeline inspect`."""
+    root = Path(path)
+    if not root.exists():
+        raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
+    manifest = verify_artifact(root)
+    real = root.resolve()
+    return {
+        "path": str(real),
+        "model_name": manifest["model_name"],
+        "version": manifest["version"],
+        "target": manifest["target"],
+        "task": manifest["model"]["task"],
+        "created_at": manifest["created_at"],
+        "source_digest": manifest["source"]["digest"],
+        "files": {name: {"bytes": (real / name).stat().st_size, "sha256": digest} for name, digest in manifest["files"].items()},
+        "validation": manifest["validation"],
+        "verified": True,
+    }

@@ -1,0 +1,231 @@
+"""Targets: one TOML data file per piece of hardware, parsed into frozen dataclasses.
+
+Unknown keys and wrong types are hard errors that name the file and the key. `None` (a key left out) means
+"use the default", and defaults live here, in the dataclass fields, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+
+from pipeline.errors import TargetError
+
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+
+DEVICES = ("cpu", "gpu")
+ENGINES = ("onnxruntime", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "int8")
+QUANT_MODES = ("none", "dynamic", "static")
+QUANT_TYPES = ("int8", "uint8")
+GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
+EXECUTION_MODES = ("sequential", "parallel")
+OVERLONG = ("truncate", "refuse")
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimize:
+    """Graph optimization: ORT transformer fusions on top of dead-node removal and constant folding."""
+
+    fusions: bool = True
+    # 0 = the portable fusions of onnxruntime.transformers only; 1/2 also bake ORT's own graph passes in.
+    level: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantize:
+    """Int8 quantization settings. `mode = "none"` keeps the optimized fp32 graph."""
+
+    mode: str = "none"
+    per_channel: bool = True
+    reduce_range: bool = False
+    weight_type: str = "int8"
+    activation_type: str = "uint8"
+    op_types: tuple[str, ...] = ("MatMul", "Attention")
+    # SmoothQuant-style migration of activation outliers into the weights; 0 turns it off.
+    smooth_alpha: float = 0.0
+    exclude_nodes: tuple[str, ...] = ()
+    exclude_op_types: tuple[str, ...] = ()
+    # Accuracy-aware fallback: at most this many quantizable nodes may be kept in fp32 to meet the thresholds.
+    max_fp32_nodes: int = 0
+    # The fallback must beat the thresholds on calibration text by this share of the gap to a perfect score
+    # (0.5: cosine_min 0.99 must reach 0.995), so that it still meets them on held-out text.
+    fallback_headroom: float = 0.5
+    calibration_examples: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Input shapes. `max_sequence_length = 0` means the model's own limit."""
+
+    max_sequence_length: int = 0
+    batch_size: int = 32
+    overlong: str = "truncate"
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """ONNX Runtime session options the loader applies. `intra_op_threads = 0` lets ORT use every core."""
+
+    intra_op_threads: int = 0
+    inter_op_threads: int = 1
+    graph_optimization_level: str = "all"
+    execution_mode: str = "sequential"
+
+
+@dataclasses.dataclass(frozen=True)
+class Accuracy:
+    """Thresholds against the PyTorch baseline. A threshold left out is not checked, only reported.
+
+    Scores (cosine, agreement) must be at least their threshold; differences at most theirs.
+    """
+
+    cosine_min: float | None = None
+    cosine_mean: float | None = None
+    top10_agreement: float | None = None
+    top1_agreement: float | None = None
+    max_probability_diff: float | None = None
+    max_abs_diff: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One hardware target, as read from `targets/<name>.toml`."""
+
+    name: str
+    description: str
+    device: str
+    engine: str
+    precision: str
+    required_cpu_flags: tuple[str, ...] = ()
+    supported: bool = True
+    unsupported_reason: str = ""
+    optimize: Optimize = Optimize()
+    quantize: Quantize = Quantize()
+    shapes: Shapes = Shapes()
+    runtime: Runtime = Runtime()
+    accuracy: Accuracy = Accuracy()
+
+    def to_dict(self) -> dict:
+        """A JSON-ready copy, used in cache keys and manifests."""
+        return dataclasses.asdict(self)
+
+
+def with_headroom(accuracy: Accuracy, headroom: float) -> Accuracy:
+    """Stricter thresholds: scores move `headroom` of the way to 1, differences shrink by `headroom`."""
+    changes = {}
+    for field in dataclasses.fields(Accuracy):
+        value = getattr(accuracy, field.name)
+        if value is None:
+            continue
+        higher_is_better = not field.name.startswith("max_")
+        changes[field.name] = value + (1 - value) * headroom if higher_is_better else value * (1 - headroom)
+    return dataclasses.replace(accuracy, **changes)
+
+
+_CHOICES = {
+    ("device",): DEVICES,
+    ("engine",): ENGINES,
+    ("precision",): PRECISIONS,
+    ("quantize", "mode"): QUANT_MODES,
+    ("quantize", "weight_type"): QUANT_TYPES,
+    ("quantize", "activation_type"): QUANT_TYPES,
+    ("shapes", "overlong"): OVERLONG,
+    ("runtime", "graph_optimization_level"): GRAPH_LEVELS,
+    ("runtime", "execution_mode"): EXECUTION_MODES,
+}
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value, tp, where: str):
+    """Check `value` against the field type `tp`; return it in the dataclass's form (lists become tuples)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(value, inner, where)
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
+            raise TargetError(f"{where}: expected a list of {_type_name(args[0])}, got {value!r}")
+        return tuple(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TargetError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TargetError(f"{where}: expected an integer, got {value!r}")
+    if not isinstance(value, tp):
+        raise TargetError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls, table: dict, path: Path, prefix: tuple[str, ...]):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        section = "[" + ".".join(prefix) + "]" if prefix else "the top level"
+        raise TargetError(
+            f"{path}: unknown key {'.'.join(prefix + (unknown[0],))!r} in {section}; known keys there: "
+            f"{', '.join(sorted(fields))}. Fix the spelling or remove it."
+        )
+    values = {}
+    for name, field in fields.items():
+        where = f"{path}: key {'.'.join(prefix + (name,))!r}"
+        if name not in table:
+            if field.default is dataclasses.MISSING:
+                raise TargetError(f"{where} is required and missing")
+            continue
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(table[name], dict):
+                raise TargetError(f"{where}: expected a [{name}] table, got {table[name]!r}")
+            values[name] = _build(tp, table[name], path, prefix + (name,))
+            continue
+        value = _coerce(table[name], tp, where)
+        choices = _CHOICES.get(prefix + (name,))
+        if choices and value not in choices:
+            raise TargetError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+        values[name] = value
+    return cls(**values)
+
+
+def target_from_toml(path: Path) -> Target:
+    """Parse one target file; every problem is a TargetError naming the file and key."""
+    path = Path(path)
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TargetError(f"target file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise TargetError(f"{path}: not valid TOML ({err}). Fix the syntax.") from None
+    target = _build(Target, table, path, ())
+    if target.name != path.stem:
+        raise TargetError(f"{path}: name = {target.name!r} must match the file name {path.stem!r}")
+    return target
+
+
+def available_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:
+    """Names of the target files in `targets_dir`."""
+    return sorted(p.stem for p in Path(targets_dir).glob("*.toml"))
+
+
+def load_target(name_or_path: str | Path, targets_dir: Path = TARGETS_DIR) -> Target:
+    """A target by name (`cpu-avx2`) from `targets_dir`, or by path to a .toml file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml":
+        return target_from_toml(candidate)
+    path = Path(targets_dir) / f"{name_or_path}.toml"
+    if not path.exists():
+        names = ", ".join(available_targets(targets_dir)) or "none"
+        raise TargetError(
+            f"unknown target {str(name_or_path)!r}; available in {targets_dir}: {names}. "
+            "Pick one of those, or pass the path of a .toml target file."
+        )
+    return target_from_toml(path)

@@ -1,0 +1,187 @@
+"""Stage 5: validate the candidate graph against the PyTorch baseline on held-out text.
+
+The candidate runs through the runtime loader's own Model class, so what is measured is what ships. It is run at
+batch size 1 and at the target's batch size (dynamic int8 depends on what shares a batch) and the worse of the
+two counts. Every threshold miss is collected, then raised as one AccuracyError; nothing is published.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.cache import run_cached
+from pipeline.data import read_texts, texts_digest
+from pipeline.errors import AccuracyError
+from pipeline.manifest import Checkpoint, Manifest
+from pipeline.runtime import Model
+from pipeline.targets import Accuracy, Target
+from pipeline.tasks import TASKS
+
+# metric name -> (threshold field, True when higher is better)
+CHECKS = {
+    "cosine_min": ("cosine_min", True),
+    "cosine_mean": ("cosine_mean", True),
+    "top10_agreement": ("top10_agreement", True),
+    "top1_agreement": ("top1_agreement", True),
+    "max_probability_diff": ("max_probability_diff", False),
+    "max_abs_diff": ("max_abs_diff", False),
+}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _top_k(vectors: np.ndarray, k: int) -> np.ndarray:
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, -np.inf)
+    return np.argsort(-sims, axis=1)[:, :k]
+
+
+def compare(metric: str, reference, candidate) -> dict:
+    """Accuracy statistics of `candidate` against `reference` for a task's metric kind."""
+    if metric == "token-classification":
+        reference, candidate = np.concatenate(reference), np.concatenate(candidate)
+    reference = np.asarray(reference, dtype=np.float64)
+    candidate = np.asarray(candidate, dtype=np.float64)
+    if not np.isfinite(candidate).all():
+        return {"finite": False, "max_abs_diff": float("inf")}
+    stats = {"max_abs_diff": float(np.abs(reference - candidate).max())}
+    if metric == "embedding":
+        cos = (reference * candidate).sum(1) / (
+            np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)
+        ).clip(1e-12)
+        stats["cosine_min"] = float(cos.min())
+        stats["cosine_mean"] = float(cos.mean())
+        k = min(10, len(reference) - 1)
+        if k > 0:
+            ref, cand = _top_k(reference, k), _top_k(candidate, k)
+            stats["top10_agreement"] = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, cand)]))
+    else:
+        stats["top1_agreement"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
+        stats["max_probability_diff"] = float(np.abs(_softmax(reference) - _softmax(candidate)).max())
+    return stats
+
+
+def worst(a: dict, b: dict) -> dict:
+    """Per statistic, the worse of two measurements."""
+    merged = {}
+    for key in a.keys() | b.keys():
+        values = [d[key] for d in (a, b) if key in d]
+        higher_better = CHECKS.get(key, (None, True))[1]
+        merged[key] = min(values) if higher_better else max(values)
+    return merged
+
+
+def failures(stats: dict, accuracy: Accuracy) -> list[str]:
+    """One line per threshold missed; an empty list means the candidate passes."""
+    if stats.get("finite") is False:
+        return ["the candidate outputs NaN or inf"]
+    missed = []
+    for name, (field, higher_better) in CHECKS.items():
+        threshold = getattr(accuracy, field)
+        if threshold is None or name not in stats:
+            continue
+        value = stats[name]
+        if (value < threshold) if higher_better else (value > threshold):
+            relation = ">=" if higher_better else "<="
+            missed.append(f"{name} = {value:.4f}, needs {relation} {threshold}")
+    return missed
+
+
+def measure(model: Model, texts: list[str], reference, metric: str, batch_size: int) -> dict:
+    """Statistics of the model at batch size 1 and at `batch_size`, the worse of each."""
+    at_one = compare(metric, reference, model.run(texts, batch_size=1))
+    at_batch = compare(metric, reference, model.run(texts, batch_size=batch_size))
+    return worst(at_one, at_batch)
+
+
+def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
+    """The PyTorch baseline: SentenceTransformer.encode for sentence-transformers checkpoints, else the
+    transformers model with the same pooling or head; token classification gives one array per text."""
+    import torch
+
+    from pipeline.export import load_hf_tokenizer, load_torch_model
+
+    if checkpoint.task == "feature-extraction" and (checkpoint.pooling or {}).get("normalize"):
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(checkpoint.path, device="cpu")
+        model.max_seq_length = checkpoint.max_length
+        return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
+    tokenizer = load_hf_tokenizer(checkpoint)
+    model = load_torch_model(checkpoint)
+    outputs = []
+    with torch.inference_mode():
+        for text in texts:
+            enc = tokenizer([text], truncation=True, max_length=checkpoint.max_length, return_tensors="pt")
+            out = model(**enc)
+            if checkpoint.task == "feature-extraction":
+                hidden = out.last_hidden_state[0]
+                mode = checkpoint.pooling["mode"]
+                vector = hidden[0] if mode == "cls" else hidden.max(0).values if mode == "max" else hidden.mean(0)
+                outputs.append(vector.numpy())
+            elif checkpoint.task == "token-classification":
+                outputs.append(out.logits[0].numpy())
+            else:
+                outputs.append(out.logits[0].numpy())
+    return outputs if checkpoint.task == "token-classification" else np.stack(outputs)
+
+
+def candidate_model(manifest: Manifest, target: Target, onnx_path=None) -> Model:
+    """A runtime Model over the latest graph of this build (or `onnx_path`) and the exported tokenizer."""
+    export = manifest.stage("export")
+    session = {"intra_op_threads": target.runtime.intra_op_threads, "graph_optimization_level": target.runtime.graph_optimization_level}
+    return Model(onnx_path or manifest.last_model().output("model.onnx"), export.output("tokenizer.json"), export.metrics["spec"], session=session)
+
+
+def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
+    metric = TASKS[manifest.checkpoint.task].metric
+    reference = pytorch_outputs(manifest.checkpoint, texts)
+    stats = measure(candidate_model(manifest, target), texts, reference, metric, target.shapes.batch_size)
+    missed = failures(stats, target.accuracy)
+    if missed:
+        raise AccuracyError(
+            f"{manifest.model_name} for {target.name} missed its accuracy thresholds on {len(texts)} held-out "
+            f"examples ({manifest.validation_path}): " + "; ".join(missed) + ". Nothing was published. "
+            "Loosen the target's [accuracy] only if that is acceptable, or raise quantize.max_fp32_nodes."
+        )
+    return {"examples": len(texts), "batch_sizes": [1, target.shapes.batch_size], **stats}
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Validate the latest graph; raises AccuracyError listing every threshold it misses."""
+    texts = read_texts(manifest.validation_path, "validation")
+    model = manifest.last_model()
+    config = {"data": texts_digest(texts), "accuracy": target.to_dict()["accuracy"], "batch_size": target.shapes.batch_size}
+    record = run_cached(manifest.cache_dir, "validate", config, model.key, target.name, lambda out: _validate(manifest, target, texts))
+    return manifest.with_stage(record)
+
+
+def validate_artifact(path, data=None) -> dict:
+    """Validate a published artifact again, against its source checkpoint, with its target's thresholds."""
+    from pipeline.data import DEFAULT_VALIDATION
+    from pipeline.errors import InputError
+    from pipeline.runtime import load, verify_artifact
+    from pipeline.targets import Accuracy
+
+    published = verify_artifact(path)
+    source = published["source"]
+    from pathlib import Path
+
+    if not Path(source["path"]).is_dir():
+        raise InputError(f"the source checkpoint {source['path']} of {path} is gone; validation needs it")
+    from pipeline.checkpoint import checkpoint_digest
+
+    if checkpoint_digest(Path(source["path"])) != source["digest"]:
+        raise InputError(f"the checkpoint at {source['path']} has changed since {path} was built")
+    checkpoint = Checkpoint(config={}, **source)
+    texts = read_texts(data or DEFAULT_VALIDATION, "validation")
+    metric = TASKS[checkpoint.task].metric
+    stats = measure(load(path), texts, pytorch_outputs(checkpoint, texts), metric, published["model"]["batch_size"])
+    missed = failures(stats, Accuracy(**published["target_spec"]["accuracy"]))
+    if missed:
+        raise AccuracyError(f"{path} misses its thresholds: " + "; ".join(missed))
+    return stats
