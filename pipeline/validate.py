@@ -15,7 +15,7 @@ from pipeline.errors import AccuracyError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.runtime import Model
 from pipeline.targets import Accuracy, Target
-from pipeline.tasks import TASKS
+from pipeline.tasks import ARCHITECTURES, TASKS
 
 # metric name -> (threshold field, True when higher is better)
 CHECKS = {
@@ -113,11 +113,12 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
         return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
     tokenizer = load_hf_tokenizer(checkpoint)
     model = load_torch_model(checkpoint)
+    inputs = {"input_ids", "attention_mask"} | ({"token_type_ids"} if ARCHITECTURES[checkpoint.model_type].token_type_ids else set())
     outputs = []
     with torch.inference_mode():
         for text in texts:
             enc = tokenizer([text], truncation=True, max_length=checkpoint.max_length, return_tensors="pt")
-            out = model(**enc)
+            out = model(**{k: v for k, v in enc.items() if k in inputs})
             if checkpoint.task == "feature-extraction":
                 hidden = out.last_hidden_state[0]
                 mode = checkpoint.pooling["mode"]

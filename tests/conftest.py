@@ -115,3 +115,26 @@ def write_target(folder: Path, name: str, base: str = "cpu-avx2", **overrides) -
 def build_dirs(tmp_path) -> dict:
     """Fresh artifact and cache folders for one test."""
     return {"artifacts_dir": tmp_path / "artifacts", "cache_dir": tmp_path / "cache"}
+
+
+@pytest.fixture(scope="session")
+def published(tiny_bert, texts_file, tmp_path_factory) -> Path:
+    """One artifact of the tiny BERT, built once per session. Copy it before changing it."""
+    from pipeline.build import build
+
+    root = tmp_path_factory.mktemp("published")
+    manifest = build(
+        tiny_bert, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
+        validation=texts_file, calibration=texts_file,
+    )  # fmt: skip
+    return Path(manifest.published["path"])
+
+
+@pytest.fixture
+def artifact_copy(published, tmp_path) -> Path:
+    """A writable copy of the session's artifact, laid out as <model>/<version>/<target>."""
+    copy = tmp_path / "tiny-bert" / published.parent.name / published.name
+    shutil.copytree(published, copy)
+    for file in copy.iterdir():
+        file.chmod(0o644)
+    return copy

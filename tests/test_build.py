@@ -1,0 +1,93 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pipeline.build import STAGES, build
+from pipeline.errors import AccuracyError, InputError, TargetError
+from pipeline.runtime import load
+
+from .conftest import make_checkpoint, write_target
+
+
+def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):
+    return build(checkpoint, target, validation=texts_file, calibration=texts_file, **dirs, **kwargs)
+
+
+def test_stage_table_runs_in_product_order():
+    assert [name for name, _ in STAGES] == ["checkpoint", "export", "optimize", "quantize", "validate", "publish"]
+
+
+def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
+    manifest = _build(tiny_bert, texts_file, build_dirs)
+    published = manifest.published
+    assert published["version"] == "v1" and not published["reused"]
+    folder = build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2"
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.onnx", "report.json", "tokenizer.json"]
+    saved = json.loads((folder / "manifest.json").read_text())
+    for key in ("files", "source", "target_spec", "stages", "packages", "host", "validation", "timings"):
+        assert saved[key], key
+    assert saved["source"]["digest"] == manifest.checkpoint.digest
+    assert set(saved["stages"]) == {"checkpoint", "export", "optimize", "quantize", "validate"}
+    assert saved["validation"]["cosine_min"] >= 0.99
+    assert all(p.stat().st_mode & 0o222 == 0 for p in folder.iterdir())  # published files are read-only
+    model = load(build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2")
+    vectors = model.run(["hello world", "a second, longer sentence"])
+    assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
+
+
+def test_build_reuses_every_stage_and_version_when_nothing_changed(tiny_bert, texts_file, build_dirs):
+    _build(tiny_bert, texts_file, build_dirs)
+    again = _build(tiny_bert, texts_file, build_dirs)
+    assert [r.name for r in again.stages if not r.reused] == ["checkpoint"]  # the digest is always recomputed
+    assert again.published["reused"] and again.published["version"] == "v1"
+    assert sorted(p.name for p in (build_dirs["artifacts_dir"] / "tiny-bert").glob("v*")) == ["v1"]
+
+
+def test_build_adds_version_and_moves_latest_when_target_changes(tiny_bert, texts_file, build_dirs, tmp_path):
+    first = _build(tiny_bert, texts_file, build_dirs)
+    target = write_target(tmp_path, "cpu-avx2", accuracy__cosine_mean=0.999)
+    second = _build(tiny_bert, texts_file, build_dirs, target=str(target))
+    assert (first.published["version"], second.published["version"]) == ("v1", "v2")
+    assert [r.name for r in second.stages if r.reused] == ["export", "optimize"]
+    latest = build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2"
+    assert os.readlink(latest) == "../v2/cpu-avx2"
+    assert json.loads((build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2" / "manifest.json").read_text())
+
+
+def test_build_publishes_nothing_when_validation_misses(tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, "strict", accuracy__max_abs_diff=0.0, quantize__max_fp32_nodes=0)
+    with pytest.raises(AccuracyError, match=r"max_abs_diff = .*needs <= 0\.0"):
+        _build(tiny_bert, texts_file, build_dirs, target=str(target))
+    assert not list((build_dirs["artifacts_dir"]).rglob("manifest.json"))
+
+
+def test_build_refuses_unsupported_target(tiny_bert, texts_file, build_dirs):
+    with pytest.raises(TargetError, match="a100 is not yet supported"):
+        _build(tiny_bert, texts_file, build_dirs, target="a100")
+
+
+def test_build_cpu_avx512_target_builds_on_this_host(tiny_bert, texts_file, build_dirs):
+    manifest = _build(tiny_bert, texts_file, build_dirs, target="cpu-avx512")
+    assert manifest.published["path"].endswith("v1/cpu-avx512")
+
+
+def test_build_refuses_bad_artifact_name(tiny_bert, texts_file, build_dirs):
+    with pytest.raises(InputError, match="artifact name '../x'"):
+        _build(tiny_bert, texts_file, build_dirs, name="../x")
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "token-classification"])
+def test_build_classifier_tasks_publish_and_agree(task, texts_file, build_dirs, tmp_path):
+    checkpoint = make_checkpoint(tmp_path / f"tiny-{task}", "bert", task)
+    manifest = _build(checkpoint, texts_file, build_dirs)
+    metrics = manifest.stage("validate").metrics
+    assert metrics["top1_agreement"] >= 0.98
+    model = load(manifest.published["path"])
+    out = model.run(["good", "this is bad news"])
+    if task == "token-classification":
+        assert [o.shape for o in out] == [(3, 3), (6, 3)]  # [CLS] good [SEP] / [CLS] this is bad news [SEP]
+    else:
+        assert out.shape == (2, 3)
+    assert model.spec["labels"] == {"0": "neg", "1": "neu", "2": "pos"}

@@ -1,0 +1,141 @@
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ArtifactError, InputError
+from pipeline.runtime import HostMismatchWarning, cpu_flags, load, manifest_digest, verify_artifact
+
+from .conftest import REPO
+
+
+def _edit_manifest(folder, change, reseal=True):
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    if reseal:
+        manifest["manifest_sha256"] = manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_runtime_imports_no_heavy_packages(published):
+    code = (
+        "import sys; from pipeline.runtime import load; "
+        f"m = load({str(published)!r}); m.run(['hello there']); "
+        "print(sorted(k for k in ('torch', 'transformers', 'onnx', 'optimum', 'sentence_transformers') if k in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_load_runs_equal_to_one_by_one_when_bucketed(published):
+    model = load(published)
+    texts = ["short", "a much longer sentence that needs many more tokens than the others do", "mid length text"]
+    together = model.run(texts, batch_size=3)
+    alone = np.stack([model.run([t], batch_size=1)[0] for t in texts])
+    np.testing.assert_allclose(together, alone, atol=2e-2)
+    reordered = model.run(texts[::-1], batch_size=3)[::-1]
+    np.testing.assert_allclose(reordered, together, atol=1e-6)  # each caller's row comes back in its place
+
+
+def test_load_refuses_changed_model_byte(artifact_copy):
+    model_file = artifact_copy / "model.onnx"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"model\.onnx does not match its sha256"):
+        load(artifact_copy)
+
+
+def test_load_refuses_deleted_tokenizer(artifact_copy):
+    (artifact_copy / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is missing"):
+        load(artifact_copy)
+
+
+def test_load_refuses_edited_manifest(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["validation"].update(cosine_min=1.0), reseal=False)
+    with pytest.raises(ArtifactError, match=r"manifest\.json was edited after publishing"):
+        load(artifact_copy)
+
+
+def test_load_refuses_manifest_from_another_version(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m.update(version="v7"))
+    with pytest.raises(ArtifactError, match=r"belongs to v7/cpu-avx2, but sits in v1/cpu-avx2"):
+        load(artifact_copy)
+
+
+def test_load_refuses_symlink_pointing_outside(artifact_copy, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes((artifact_copy / "tokenizer.json").read_bytes())
+    (artifact_copy / "tokenizer.json").unlink()
+    os.symlink(outside, artifact_copy / "tokenizer.json")
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is a symlink"):
+        load(artifact_copy)
+
+
+def test_load_refuses_unlisted_file(artifact_copy):
+    (artifact_copy / "extra.onnx").write_bytes(b"x")
+    with pytest.raises(ArtifactError, match=r"extra\.onnx is not listed in the manifest"):
+        load(artifact_copy)
+
+
+def test_load_refuses_missing_folder(tmp_path):
+    with pytest.raises(ArtifactError, match="no artifact at"):
+        load(tmp_path / "nothing")
+
+
+def test_load_warns_or_refuses_when_host_lacks_flags(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx2", "no_such_flag"]))
+    with pytest.warns(HostMismatchWarning, match="lacks CPU flags no_such_flag"):
+        load(artifact_copy)
+    with pytest.raises(ArtifactError, match="lacks CPU flags no_such_flag"):
+        load(artifact_copy, strict=True)
+
+
+@pytest.mark.skipif("avx512f" in (cpu_flags() or ()), reason="this host has AVX-512")
+def test_load_warns_for_avx512_artifact_on_avx2_host(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx512f", "avx512bw"]))
+    with pytest.warns(HostMismatchWarning, match="avx512bw, avx512f"):
+        load(artifact_copy)
+
+
+def test_load_no_warning_when_host_has_flags(published):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(published)
+
+
+@pytest.mark.parametrize(
+    "texts, message",
+    [
+        ("one string", "got a single str"),
+        ([], "empty list"),
+        (["fine", 3], "input 1 is int"),
+        (None, "got NoneType"),
+    ],
+)
+def test_model_run_refuses_bad_input(published, texts, message):
+    with pytest.raises(InputError, match=message):
+        load(published).run(texts)
+
+
+def test_model_run_truncates_overlong_input(published):
+    model = load(published)
+    out = model.run(["word " * 5000])
+    assert out.shape == (1, 32) and np.isfinite(out).all()
+
+
+def test_model_run_refuses_overlong_when_target_says(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
+    with pytest.raises(InputError, match=r"input 0 is \d+ tokens, over the model's 128"):
+        load(artifact_copy).run(["word " * 500])
+
+
+def test_verify_artifact_returns_manifest(published):
+    manifest = verify_artifact(published)
+    assert manifest["target"] == "cpu-avx2" and manifest["version"] == "v1"

@@ -1,0 +1,96 @@
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import TargetError
+from pipeline.targets import Target, available_targets, load_target, target_from_toml, with_headroom
+
+from .conftest import write_target
+
+
+@pytest.mark.parametrize("name", available_targets())
+def test_load_target_parses_every_shipped_target(name):
+    target = load_target(name)
+    assert isinstance(target, Target)
+    assert target.name == name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        target.name = "other"
+
+
+def test_load_target_lists_available_when_unknown():
+    with pytest.raises(TargetError, match=r"unknown target 'cpu-avx9'.*cpu-avx2.*cpu-avx512"):
+        load_target("cpu-avx9")
+
+
+def test_target_from_toml_names_file_and_key_when_key_unknown(tmp_path):
+    path = write_target(tmp_path, "bad", quantize__per_chanel=True)
+    with pytest.raises(TargetError, match=r"bad\.toml: unknown key 'quantize\.per_chanel'.*per_channel"):
+        target_from_toml(path)
+
+
+def test_target_from_toml_names_key_when_type_wrong(tmp_path):
+    path = write_target(tmp_path, "bad", shapes__batch_size="32")
+    with pytest.raises(TargetError, match=r"bad\.toml: key 'shapes\.batch_size': expected an integer, got '32'"):
+        target_from_toml(path)
+
+
+def test_target_from_toml_refuses_bool_where_number_expected(tmp_path):
+    path = write_target(tmp_path, "bad", accuracy__cosine_min=True)
+    with pytest.raises(TargetError, match="accuracy.cosine_min"):
+        target_from_toml(path)
+
+
+def test_target_from_toml_refuses_value_outside_choices(tmp_path):
+    path = write_target(tmp_path, "bad", quantize__mode="dynamc")
+    with pytest.raises(TargetError, match=r"'dynamc' is not one of none, dynamic, static"):
+        target_from_toml(path)
+
+
+def test_target_from_toml_refuses_malformed_toml(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text('name = "broken"\n[quantize\nmode = 1\n')
+    with pytest.raises(TargetError, match=r"broken\.toml: not valid TOML"):
+        target_from_toml(path)
+
+
+def test_target_from_toml_refuses_name_not_matching_file(tmp_path):
+    path = write_target(tmp_path, "one")
+    other = tmp_path / "two.toml"
+    other.write_text(path.read_text())
+    with pytest.raises(TargetError, match="must match the file name 'two'"):
+        target_from_toml(other)
+
+
+def test_target_from_toml_requires_device(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text('name = "small"\ndescription = "x"\nengine = "onnxruntime"\nprecision = "fp32"\n')
+    with pytest.raises(TargetError, match="key 'device' is required"):
+        target_from_toml(path)
+
+
+def test_with_headroom_moves_scores_up_and_differences_down():
+    accuracy = load_target("cpu-avx2").accuracy
+    strict = with_headroom(accuracy, 0.5)
+    assert strict.cosine_min == pytest.approx(0.995)
+    assert strict.max_probability_diff == pytest.approx(accuracy.max_probability_diff / 2)
+    assert strict.max_abs_diff is None
+
+
+_scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=8), st.booleans())
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(["quantize__mode", "shapes__batch_size", "accuracy__cosine_min", "precision"]), value=_scalars)
+def test_target_from_toml_accepts_or_raises_target_error_for_any_value(tmp_path_factory, key, value):
+    folder = tmp_path_factory.mktemp("prop")
+    path = write_target(folder, "prop", **{key: value})
+    try:
+        target = target_from_toml(path)
+    except TargetError as err:
+        assert "prop.toml" in str(err)
+    else:
+        section, _, field = key.rpartition("__")
+        got = getattr(getattr(target, section) if section else target, field)
+        assert got == value
