@@ -1,6 +1,6 @@
 """The build: one explicit table of stages, run in order over a manifest.
 
-    checkpoint -> export -> optimize -> quantize -> validate -> publish
+checkpoint -> export -> optimize -> quantize -> validate -> publish
 """
 
 from __future__ import annotations

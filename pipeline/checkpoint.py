@@ -14,7 +14,12 @@ from pipeline.runtime import sha256_file
 from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASK_FROM_HEAD, TASKS
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 # Files that describe the model; docs and VCS files do not change what is built.
 IGNORED = {"README.md", ".gitattributes", "data_config.json"}
@@ -109,7 +114,15 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     pooling = _pooling(folder)
     task = manifest.task_override
     if task is None:
-        head = next((t for suffix, t in TASK_FROM_HEAD.items() for a in config.get("architectures") or [] if a.endswith(suffix)), None)
+        head = next(
+            (
+                t
+                for suffix, t in TASK_FROM_HEAD.items()
+                for a in config.get("architectures") or []
+                if a.endswith(suffix)
+            ),
+            None,
+        )
         task = head or "feature-extraction"
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
@@ -127,7 +140,12 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     record = StageRecord(
         name="checkpoint",
         key=checkpoint.digest,
-        config={"task": task, "model_type": model_type, "pooling": checkpoint.pooling, "max_length": checkpoint.max_length},
+        config={
+            "task": task,
+            "model_type": model_type,
+            "pooling": checkpoint.pooling,
+            "max_length": checkpoint.max_length,
+        },
         outputs={},
         metrics={},
         seconds=round(time.perf_counter() - started, 3),

@@ -21,8 +21,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--model", "model", default=None, help="local Hugging Face checkpoint folder (default: packaged all-MiniLM-L6-v2)")
-@click.option("--target", default="cpu-avx2", show_default=True, help="target name (see `pipeline targets`) or .toml path")
+@click.option(
+    "--model", "model", default=None, help="local Hugging Face checkpoint folder (default: packaged all-MiniLM-L6-v2)"
+)
+@click.option(
+    "--target", default="cpu-avx2", show_default=True, help="target name (see `pipeline targets`) or .toml path"
+)
 @click.option("--name", default=None, help="artifact name (default: the checkpoint folder's name)")
 @click.option("--task", default=None, help="feature-extraction, sequence-classification or token-classification")
 @click.option("--artifacts-dir", default=None, help="where artifacts are published (default: ./artifacts)")
@@ -33,7 +37,12 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     """Build, validate and publish MODEL for TARGET."""
     from pipeline.build import build as run_build
 
-    options = {"artifacts_dir": artifacts_dir, "cache_dir": cache_dir, "validation": validation, "calibration": calibration}
+    options = {
+        "artifacts_dir": artifacts_dir,
+        "cache_dir": cache_dir,
+        "validation": validation,
+        "calibration": calibration,
+    }
 
     def show(record) -> None:
         state = "reused" if record.reused else "built"

@@ -26,7 +26,9 @@ def _read_file(path: Path, purpose: str) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
-        raise InputError(f"{purpose} file {path}, line {line}: not UTF-8 ({err.reason}); re-encode it as UTF-8") from None
+        raise InputError(
+            f"{purpose} file {path}, line {line}: not UTF-8 ({err.reason}); re-encode it as UTF-8"
+        ) from None
     texts = []
     jsonl = path.suffix == ".jsonl"
     for number, line in enumerate(text.splitlines(), 1):

@@ -30,8 +30,12 @@ def load_torch_model(checkpoint: Checkpoint):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = auto.from_pretrained(checkpoint.path, attn_implementation="eager", dtype="float32")
-    except (OSError, ValueError, RuntimeError, KeyError) as err:
-        raise InputError(f"could not load the weights in {checkpoint.path}: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # safetensors, torch and transformers each raise their own types for bad files
+        first = (str(err).splitlines() or [""])[0]
+        raise InputError(
+            f"could not load the weights in {checkpoint.path} ({type(err).__name__}: {first}); "
+            "the weight files are missing or corrupt: save the checkpoint again"
+        ) from None
     return model.eval()
 
 
@@ -60,7 +64,7 @@ def _wrapper(model, checkpoint: Checkpoint, input_names: list[str]):
             self.model = model
 
         def forward(self, *inputs):
-            kwargs = dict(zip(input_names, inputs))
+            kwargs = dict(zip(input_names, inputs, strict=True))
             out = self.model(**kwargs)
             if pooling is None:
                 return out.logits
@@ -148,6 +152,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    record = run_cached(manifest.cache_dir, "export", config, checkpoint.digest, None, lambda out: _export(checkpoint, target, out))
+    record = run_cached(
+        manifest.cache_dir, "export", config, checkpoint.digest, None, lambda out: _export(checkpoint, target, out)
+    )
     return manifest.with_stage(record)
-

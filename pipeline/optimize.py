@@ -65,7 +65,12 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     source = manifest.stage("export")
     model_type = ARCHITECTURES[manifest.checkpoint.model_type].ort_model_type
     settings = target.optimize
-    config = {"fusions": settings.fusions, "level": settings.level, "model_type": model_type, "onnxruntime": onnxruntime.__version__}
+    config = {
+        "fusions": settings.fusions,
+        "level": settings.level,
+        "model_type": model_type,
+        "onnxruntime": onnxruntime.__version__,
+    }
     record = run_cached(
         manifest.cache_dir, "optimize", config, source.key, target.device,
         lambda out: _optimize(source.output("model.onnx"), model_type, settings, out),

@@ -100,7 +100,10 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Publish the validated graph, or report the identical version already published."""
     validation = manifest.stage("validate")
     export = manifest.stage("export")
-    sources = {"model.onnx": manifest.last_model().output("model.onnx"), "tokenizer.json": export.output("tokenizer.json")}
+    sources = {
+        "model.onnx": manifest.last_model().output("model.onnx"),
+        "tokenizer.json": export.output("tokenizer.json"),
+    }
     model_root = Path(manifest.artifacts_dir) / manifest.model_name
     files = {name: sha256_file(path) for name, path in sources.items()}
     content = _content(manifest, target, files)
@@ -118,7 +121,12 @@ def run(manifest: Manifest, target: Target) -> Manifest:
                     shutil.copyfile(path, staging / name)
                     if sha256_file(staging / name) != files[name]:
                         raise ArtifactError(f"{path} changed while it was being published; rebuild")
-                report = {"model_name": manifest.model_name, "version": version, "target": target.name, "stages": _report(manifest)}
+                report = {
+                    "model_name": manifest.model_name,
+                    "version": version,
+                    "target": target.name,
+                    "stages": _report(manifest),
+                }
                 (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
                 files["report.json"] = sha256_file(staging / "report.json")
                 published = {
@@ -127,7 +135,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
                     "version": version,
                     "target": target.name,
                     "content_id": content_id,
-                    "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "files": files,
                     "model": content["model"],
                     "session": dataclasses.asdict(target.runtime),
@@ -153,4 +161,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
                 raise
         _point_latest(model_root, version, target.name)
     path = model_root / version / target.name
-    return dataclasses.replace(manifest, published={"version": version, "path": str(path), "reused": reused, "content_id": content_id})
+    return dataclasses.replace(
+        manifest, published={"version": version, "path": str(path), "reused": reused, "content_id": content_id}
+    )

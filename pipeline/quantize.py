@@ -57,7 +57,7 @@ def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_
     for start in range(0, len(encodings), batch_size):
         feeds = model.feeds(encodings[start : start + batch_size])
         mask = feeds["attention_mask"].astype(bool)
-        for name, value in zip(names, session.run(names, feeds)):
+        for name, value in zip(names, session.run(names, feeds), strict=True):
             value = np.abs(value[mask] if value.ndim == 3 else value)
             peak = value.reshape(-1, value.shape[-1]).max(0)
             ranges[name] = np.maximum(ranges.get(name, 0.0), peak)
@@ -89,7 +89,9 @@ def smooth(source: Path, out: Path, ranges: dict[str, np.ndarray], op_types, alp
                 scale_name = f"{node.name}_smooth_inv_scale"
                 graph.graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), scale_name))
                 scaled = f"{node.input[0]}_smoothed_for_{node.name}"
-                nodes.append(onnx.helper.make_node("Mul", [node.input[0], scale_name], [scaled], name=f"{node.name}_smooth"))
+                nodes.append(
+                    onnx.helper.make_node("Mul", [node.input[0], scale_name], [scaled], name=f"{node.name}_smooth")
+                )
                 node.input[0] = scaled
                 smoothed.append(node.name)
         nodes.append(node)
@@ -159,7 +161,14 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
         quantize_dynamic(source, path, settings, exclude=exclude)
         stats = measure(candidate_model(manifest, target, path), texts, reference, metric, batch)
         missed = failures(stats, gate)
-        candidates.append({"fp32_nodes": len(exclude), "passed": not missed, "seconds": round(time.perf_counter() - started, 2), **stats})
+        candidates.append(
+            {
+                "fp32_nodes": len(exclude),
+                "passed": not missed,
+                "seconds": round(time.perf_counter() - started, 2),
+                **stats,
+            }
+        )
         return path, missed
 
     chosen, missed = attempt(excluded)
@@ -209,7 +218,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     if settings.mode == "none":
         return manifest
     if settings.mode == "static":
-        raise QuantizationError(f"target {target.name} asks for static quantization, which is not built yet; use mode = \"dynamic\"")
+        raise QuantizationError(
+            f'target {target.name} asks for static quantization, which is not built yet; use mode = "dynamic"'
+        )
     texts = read_texts(manifest.calibration_path, "calibration")[: settings.calibration_examples]
     config = {
         "mode": settings.mode,
@@ -220,5 +231,12 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "onnxruntime": onnxruntime.__version__,
     }
     source = manifest.last_model()
-    record = run_cached(manifest.cache_dir, "quantize", config, source.key, target.device, lambda out: _quantize(manifest, target, texts, out))
+    record = run_cached(
+        manifest.cache_dir,
+        "quantize",
+        config,
+        source.key,
+        target.device,
+        lambda out: _quantize(manifest, target, texts, out),
+    )
     return manifest.with_stage(record)

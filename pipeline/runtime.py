@@ -91,7 +91,9 @@ def verify_artifact(path: Path) -> dict:
     present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
     extra = sorted(present - set(files))
     if extra:
-        raise ArtifactError(f"{root / extra[0]} is not listed in the manifest; an artifact holds only what was validated")
+        raise ArtifactError(
+            f"{root / extra[0]} is not listed in the manifest; an artifact holds only what was validated"
+        )
     for name, expected in sorted(files.items()):
         file = root / name
         if "/" in name or name.startswith("."):
@@ -134,9 +136,7 @@ class Model:
         )
         if session.get("execution_mode") == "parallel":
             options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-        self.session = ort.InferenceSession(
-            str(onnx_path), options, providers=providers or ["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = spec["output"]
 
@@ -208,9 +208,23 @@ class Model:
         return np.stack(results)
 
 
+# ONNX Runtime picks its int8 kernels by these flags at run time, so int8 results can differ between hosts.
+INT8_KERNEL_FLAGS = ("avx512_vnni", "avx_vnni", "avx512bw", "amx_int8")
+
+
 def _check_host(manifest: dict, strict: bool) -> None:
     required = set(manifest["target_spec"].get("required_cpu_flags", ()))
     flags = cpu_flags()
+    built_on = set(manifest.get("host", {}).get("cpu_flags") or ())
+    if manifest["target_spec"].get("precision") == "int8" and flags is not None and built_on:
+        differ = sorted(f for f in INT8_KERNEL_FLAGS if (f in flags) != (f in built_on))
+        if differ:
+            warnings.warn(
+                f"this host and the build host differ in {', '.join(differ)}, so ONNX Runtime runs other int8 "
+                "kernels than the ones validated; re-validate here with `pipeline validate ARTIFACT`",
+                HostMismatchWarning,
+                stacklevel=3,
+            )
     if not required:
         return
     if flags is None:
@@ -261,7 +275,10 @@ def describe(path) -> dict:
         "task": manifest["model"]["task"],
         "created_at": manifest["created_at"],
         "source_digest": manifest["source"]["digest"],
-        "files": {name: {"bytes": (real / name).stat().st_size, "sha256": digest} for name, digest in manifest["files"].items()},
+        "files": {
+            name: {"bytes": (real / name).stat().st_size, "sha256": digest}
+            for name, digest in manifest["files"].items()
+        },
         "validation": manifest["validation"],
         "verified": True,
     }

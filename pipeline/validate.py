@@ -7,13 +7,16 @@ two counts. Every threshold miss is collected, then raised as one AccuracyError;
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from pipeline.cache import run_cached
-from pipeline.data import read_texts, texts_digest
-from pipeline.errors import AccuracyError
+from pipeline.checkpoint import checkpoint_digest
+from pipeline.data import DEFAULT_VALIDATION, read_texts, texts_digest
+from pipeline.errors import AccuracyError, InputError
 from pipeline.manifest import Checkpoint, Manifest
-from pipeline.runtime import Model
+from pipeline.runtime import Model, load, verify_artifact
 from pipeline.targets import Accuracy, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
@@ -58,7 +61,9 @@ def compare(metric: str, reference, candidate) -> dict:
         k = min(10, len(reference) - 1)
         if k > 0:
             ref, cand = _top_k(reference, k), _top_k(candidate, k)
-            stats["top10_agreement"] = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, cand)]))
+            stats["top10_agreement"] = float(
+                np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, cand, strict=True)])
+            )
     else:
         stats["top1_agreement"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
         stats["max_probability_diff"] = float(np.abs(_softmax(reference) - _softmax(candidate)).max())
@@ -113,7 +118,9 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
         return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
     tokenizer = load_hf_tokenizer(checkpoint)
     model = load_torch_model(checkpoint)
-    inputs = {"input_ids", "attention_mask"} | ({"token_type_ids"} if ARCHITECTURES[checkpoint.model_type].token_type_ids else set())
+    inputs = {"input_ids", "attention_mask"} | (
+        {"token_type_ids"} if ARCHITECTURES[checkpoint.model_type].token_type_ids else set()
+    )
     outputs = []
     with torch.inference_mode():
         for text in texts:
@@ -134,8 +141,16 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
 def candidate_model(manifest: Manifest, target: Target, onnx_path=None) -> Model:
     """A runtime Model over the latest graph of this build (or `onnx_path`) and the exported tokenizer."""
     export = manifest.stage("export")
-    session = {"intra_op_threads": target.runtime.intra_op_threads, "graph_optimization_level": target.runtime.graph_optimization_level}
-    return Model(onnx_path or manifest.last_model().output("model.onnx"), export.output("tokenizer.json"), export.metrics["spec"], session=session)
+    session = {
+        "intra_op_threads": target.runtime.intra_op_threads,
+        "graph_optimization_level": target.runtime.graph_optimization_level,
+    }
+    return Model(
+        onnx_path or manifest.last_model().output("model.onnx"),
+        export.output("tokenizer.json"),
+        export.metrics["spec"],
+        session=session,
+    )
 
 
 def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
@@ -156,33 +171,30 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Validate the latest graph; raises AccuracyError listing every threshold it misses."""
     texts = read_texts(manifest.validation_path, "validation")
     model = manifest.last_model()
-    config = {"data": texts_digest(texts), "accuracy": target.to_dict()["accuracy"], "batch_size": target.shapes.batch_size}
-    record = run_cached(manifest.cache_dir, "validate", config, model.key, target.name, lambda out: _validate(manifest, target, texts))
+    config = {
+        "data": texts_digest(texts),
+        "accuracy": target.to_dict()["accuracy"],
+        "batch_size": target.shapes.batch_size,
+    }
+    record = run_cached(
+        manifest.cache_dir, "validate", config, model.key, target.name, lambda out: _validate(manifest, target, texts)
+    )
     return manifest.with_stage(record)
 
 
 def validate_artifact(path, data=None) -> dict:
-    """Validate a published artifact again, against its source checkpoint, with its target's thresholds."""
-    from pipeline.data import DEFAULT_VALIDATION
-    from pipeline.errors import InputError
-    from pipeline.runtime import load, verify_artifact
-    from pipeline.targets import Accuracy
-
+    """Validate a published artifact again, on this host, against its source checkpoint and its thresholds."""
     published = verify_artifact(path)
     source = published["source"]
-    from pathlib import Path
-
     if not Path(source["path"]).is_dir():
         raise InputError(f"the source checkpoint {source['path']} of {path} is gone; validation needs it")
-    from pipeline.checkpoint import checkpoint_digest
-
     if checkpoint_digest(Path(source["path"])) != source["digest"]:
-        raise InputError(f"the checkpoint at {source['path']} has changed since {path} was built")
+        raise InputError(f"the checkpoint at {source['path']} has changed since {path} was built; rebuild instead")
     checkpoint = Checkpoint(config={}, **source)
     texts = read_texts(data or DEFAULT_VALIDATION, "validation")
     metric = TASKS[checkpoint.task].metric
     stats = measure(load(path), texts, pytorch_outputs(checkpoint, texts), metric, published["model"]["batch_size"])
     missed = failures(stats, Accuracy(**published["target_spec"]["accuracy"]))
     if missed:
-        raise AccuracyError(f"{path} misses its thresholds: " + "; ".join(missed))
+        raise AccuracyError(f"{path} misses its thresholds on this host: " + "; ".join(missed))
     return stats

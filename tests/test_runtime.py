@@ -26,7 +26,8 @@ def test_runtime_imports_no_heavy_packages(published):
     code = (
         "import sys; from pipeline.runtime import load; "
         f"m = load({str(published)!r}); m.run(['hello there']); "
-        "print(sorted(k for k in ('torch', 'transformers', 'onnx', 'optimum', 'sentence_transformers') if k in sys.modules))"
+        "heavy = ('torch', 'transformers', 'onnx', 'optimum', 'sentence_transformers'); "
+        "print(sorted(k for k in heavy if k in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -101,6 +102,14 @@ def test_load_warns_or_refuses_when_host_lacks_flags(artifact_copy):
 def test_load_warns_for_avx512_artifact_on_avx2_host(artifact_copy):
     _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx512f", "avx512bw"]))
     with pytest.warns(HostMismatchWarning, match="avx512bw, avx512f"):
+        load(artifact_copy)
+
+
+def test_load_warns_when_int8_kernels_differ_from_build_host(artifact_copy):
+    flags = sorted(cpu_flags() or ())
+    changed = [f for f in flags if f != "avx512_vnni"] if "avx512_vnni" in flags else flags + ["avx512_vnni"]
+    _edit_manifest(artifact_copy, lambda m: m["host"].update(cpu_flags=changed))
+    with pytest.warns(HostMismatchWarning, match="differ in avx512_vnni"):
         load(artifact_copy)
 
 

@@ -82,7 +82,9 @@ _scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size
 
 
 @settings(max_examples=60, deadline=None)
-@given(key=st.sampled_from(["quantize__mode", "shapes__batch_size", "accuracy__cosine_min", "precision"]), value=_scalars)
+@given(
+    key=st.sampled_from(["quantize__mode", "shapes__batch_size", "accuracy__cosine_min", "precision"]), value=_scalars
+)
 def test_target_from_toml_accepts_or_raises_target_error_for_any_value(tmp_path_factory, key, value):
     folder = tmp_path_factory.mktemp("prop")
     path = write_target(folder, "prop", **{key: value})

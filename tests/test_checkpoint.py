@@ -1,0 +1,88 @@
+import json
+import shutil
+
+import pytest
+
+from pipeline import checkpoint
+from pipeline.checkpoint import checkpoint_digest, default_checkpoint
+from pipeline.errors import InputError
+from pipeline.manifest import Manifest
+from pipeline.targets import load_target
+
+from .conftest import make_checkpoint
+
+
+def _run(folder, task=None):
+    manifest = Manifest(
+        model_name="m", source=str(folder), cache_dir="", artifacts_dir="", validation_path="", calibration_path="",
+        task_override=task,
+    )  # fmt: skip
+    return checkpoint.run(manifest, load_target("cpu-avx2")).checkpoint
+
+
+def test_run_reads_sentence_transformers_pooling_of_minilm():
+    info = _run(default_checkpoint())
+    assert info.task == "feature-extraction" and info.model_type == "bert"
+    assert info.pooling == {"mode": "mean", "normalize": True}
+    assert info.max_length == 256  # sentence_bert_config.json, not the 512 positions
+
+
+def test_run_detects_task_from_head(tmp_path):
+    folder = make_checkpoint(tmp_path / "cls", "bert", "sequence-classification")
+    info = _run(folder)
+    assert info.task == "sequence-classification" and info.pooling is None
+
+
+def test_run_defaults_to_mean_pooling_without_modules_json(tiny_bert):
+    assert _run(tiny_bert).pooling == {"mode": "mean", "normalize": False}
+
+
+def test_run_refuses_missing_folder(tmp_path):
+    with pytest.raises(InputError, match="is not a folder"):
+        _run(tmp_path / "nope")
+
+
+def test_run_refuses_folder_without_config(tmp_path):
+    with pytest.raises(InputError, match="no config.json: not a Hugging Face checkpoint"):
+        _run(tmp_path)
+
+
+def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
+    folder = tmp_path / "gpt"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(InputError, match=r"architecture 'gpt2' is not supported; supported: bert, distilbert"):
+        _run(folder)
+
+
+def test_run_refuses_missing_weights(tmp_path, tiny_bert):
+    folder = tmp_path / "noweights"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(InputError, match="has no weights"):
+        _run(folder)
+
+
+def test_run_refuses_unknown_task(tiny_bert):
+    with pytest.raises(InputError, match="task 'summarization' is not supported"):
+        _run(tiny_bert, task="summarization")
+
+
+def test_run_refuses_unsupported_sentence_transformers_module(tmp_path, tiny_bert):
+    folder = tmp_path / "dense"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense", "path": "2"}]))
+    with pytest.raises(InputError, match="Dense"):
+        _run(folder)
+
+
+def test_checkpoint_digest_changes_with_weights_not_readme(tmp_path, tiny_bert):
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_bert, folder)
+    before = checkpoint_digest(folder)
+    (folder / "README.md").write_text("docs do not change the model")
+    assert checkpoint_digest(folder) == before
+    with open(folder / "model.safetensors", "ab") as handle:
+        handle.write(b"\0")
+    assert checkpoint_digest(folder) != before

@@ -1,0 +1,67 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_targets_lists_every_target():
+    out = _cli("targets")
+    assert out.returncode == 0
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert names == ["a100", "cpu-avx2", "cpu-avx512"]
+    assert "not yet supported" in out.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--target", "cpu-avx9"], 2, "unknown target 'cpu-avx9'"),
+        (["--target", "a100"], 2, "not yet supported"),
+        (["--model", "/nonexistent/ckpt"], 3, "is not a folder"),
+        (["--task", "translation"], 3, "task 'translation' is not supported"),
+    ],
+)
+def test_cli_build_bad_input_is_one_line_error(args, code, message, tiny_bert, tmp_path):
+    if "--model" not in args:
+        args = ["--model", str(tiny_bert), *args]
+    out = _cli("build", *args, "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"))
+    assert out.returncode == code, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "a").exists() or not list((tmp_path / "a").rglob("manifest.json"))
+
+
+def test_cli_build_empty_validation_set_publishes_nothing(tiny_bert, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    out = _cli("build", "--model", str(tiny_bert), "--validation", str(empty), "--artifacts-dir", str(tmp_path / "a"),
+               "--cache-dir", str(tmp_path / "c"))  # fmt: skip
+    assert out.returncode == 3 and "holds no examples" in out.stderr
+    assert not list((tmp_path / "a").rglob("manifest.json"))
+
+
+def test_cli_build_then_inspect(tiny_bert, texts_file, tmp_path):
+    common = ["--model", str(tiny_bert), "--validation", str(texts_file), "--calibration", str(texts_file),
+              "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    first = _cli("build", *common)
+    assert first.returncode == 0, first.stderr
+    assert "published" in first.stdout and "v1/cpu-avx2" in first.stdout
+    second = _cli("build", *common)
+    assert "unchanged" in second.stdout and "reused stages: export, optimize, quantize, validate" in second.stdout
+    shown = _cli("inspect", str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2"))
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout)["verified"] is True
+
+
+def test_cli_inspect_refuses_tampered_artifact(artifact_copy):
+    (artifact_copy / "tokenizer.json").write_text("{}")
+    out = _cli("inspect", str(artifact_copy))
+    assert out.returncode == 7 and "tokenizer.json does not match its sha256" in out.stderr

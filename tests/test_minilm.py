@@ -1,0 +1,52 @@
+"""The real packaged all-MiniLM-L6-v2, end to end: the product's default build."""
+
+import numpy as np
+import pytest
+
+from pipeline.build import build
+from pipeline.checkpoint import default_checkpoint
+from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.runtime import HostMismatchWarning, cpu_flags, load
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def minilm_build(tmp_path_factory):
+    root = tmp_path_factory.mktemp("minilm")
+    dirs = {"artifacts_dir": root / "artifacts", "cache_dir": root / "cache"}
+    return build(**dirs), dirs
+
+
+def test_minilm_artifact_matches_sentence_transformers(minilm_build):
+    from sentence_transformers import SentenceTransformer
+
+    manifest, _ = minilm_build
+    texts = read_texts(DEFAULT_VALIDATION, "validation")
+    expected = SentenceTransformer(str(default_checkpoint()), device="cpu").encode(texts, normalize_embeddings=True)
+    model = load(manifest.published["path"])
+    for batch_size in (1, 32):
+        got = model.run(texts, batch_size=batch_size)
+        cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+        assert cosine.min() >= 0.99, batch_size
+    quantize = manifest.stage("quantize").metrics
+    assert quantize["quantized_nodes"] >= 12  # most of the graph stays int8
+    assert manifest.stage("optimize").metrics["fused"]["Attention"] == 6
+
+
+def test_minilm_second_build_reuses_every_stage(minilm_build):
+    first, dirs = minilm_build
+    again = build(**dirs)
+    assert [r.name for r in again.stages if not r.reused] == ["checkpoint"]
+    assert again.published["reused"] and again.published["version"] == first.published["version"]
+
+
+def test_minilm_avx512_target_builds_here_and_warns_without_avx512(minilm_build):
+    _, dirs = minilm_build
+    manifest = build(target="cpu-avx512", **dirs)
+    assert [r.name for r in manifest.stages if r.reused] == ["export", "optimize", "quantize"]
+    if "avx512f" in (cpu_flags() or ()):
+        load(manifest.published["path"])
+    else:
+        with pytest.warns(HostMismatchWarning, match="avx512"):
+            load(manifest.published["path"])

@@ -1,0 +1,79 @@
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pipeline import checkpoint, export, optimize
+from pipeline.build import build
+from pipeline.errors import AccuracyError
+from pipeline.manifest import Manifest
+from pipeline.quantize import activation_absmax, quantizable_nodes, smooth
+from pipeline.targets import load_target
+from pipeline.validate import candidate_model
+
+from .conftest import SMALL_TEXTS, write_target
+
+
+@pytest.fixture
+def fused(tiny_bert, tmp_path):
+    target = load_target("cpu-avx2")
+    manifest = Manifest("m", str(tiny_bert), str(tmp_path / "cache"), "", "", "")
+    for stage in (checkpoint.run, export.run, optimize.run):
+        manifest = stage(manifest, target)
+    return manifest, target
+
+
+def test_smooth_keeps_fp32_outputs_and_rescales_every_node(fused, tmp_path):
+    manifest, target = fused
+    source = manifest.last_model().output("model.onnx")
+    model = candidate_model(manifest, target, source)
+    nodes = quantizable_nodes(onnx.load(str(source)), target.quantize.op_types)
+    ranges = activation_absmax(source, nodes, model, SMALL_TEXTS, 4)
+    assert all(r.ndim == 1 and (r > 0).all() for r in ranges.values())
+    smoothed = smooth(source, tmp_path / "smoothed.onnx", ranges, target.quantize.op_types, 0.75)
+    assert len(smoothed) == len(nodes) == 4 * 2  # per layer: Attention, attention output, FFN in and out
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "smoothed.onnx")).graph.node]
+    assert ops.count("Mul") >= len(nodes)
+    after = candidate_model(manifest, target, tmp_path / "smoothed.onnx").run(SMALL_TEXTS)
+    np.testing.assert_allclose(after, model.run(SMALL_TEXTS), atol=1e-4)
+
+
+def test_quantize_dynamic_writes_integer_matmuls(tiny_bert, texts_file, build_dirs):
+    manifest = build(tiny_bert, "cpu-avx2", validation=texts_file, calibration=texts_file, **build_dirs)
+    graph = onnx.load(manifest.published["path"] + "/model.onnx")
+    ops = {n.op_type for n in graph.graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} & ops or "DynamicQuantizeMatMul" in ops
+    assert "QAttention" in ops
+    metrics = manifest.stage("quantize").metrics
+    assert metrics["quantized_nodes"] == 8 and metrics["fp32_nodes"] == [] and metrics["smoothed_nodes"] == 8
+    ort.InferenceSession(manifest.published["path"] + "/model.onnx", providers=["CPUExecutionProvider"])
+
+
+def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, texts_file, build_dirs, tmp_path):
+    plain = build(tiny_bert, "cpu-avx2", validation=texts_file, calibration=texts_file, **build_dirs)
+    plain_diff = plain.stage("quantize").metrics["candidates"][0]["max_abs_diff"]
+    strict = write_target(
+        tmp_path, "strict", accuracy__max_abs_diff=plain_diff * 0.7, quantize__fallback_headroom=0.0,
+        quantize__max_fp32_nodes=6,
+    )  # fmt: skip
+    mixed = build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+    metrics = mixed.stage("quantize").metrics
+    assert metrics["candidates"][0]["passed"] is False and metrics["candidates"][-1]["passed"] is True
+    assert 1 <= len(metrics["fp32_nodes"]) <= 6
+    assert len(metrics["sensitivity"]) == 8
+    assert metrics["fp32_nodes"][0] == metrics["sensitivity"][0]["node"]  # the most sensitive goes first
+    assert mixed.stage("validate").metrics["max_abs_diff"] <= plain_diff * 0.7
+
+
+def test_quantize_raises_when_fallback_budget_is_spent(tiny_bert, texts_file, build_dirs, tmp_path):
+    strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-9, quantize__max_fp32_nodes=2)
+    with pytest.raises(AccuracyError, match="even with 2 nodes kept in fp32"):
+        build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+    assert not list(build_dirs["artifacts_dir"].rglob("model.onnx"))
+
+
+def test_quantize_honours_excluded_op_types(tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, "noattn", quantize__exclude_op_types=["Attention"])
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert "Attention" in ops and "QAttention" not in ops
