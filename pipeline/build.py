@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from pipeline import checkpoint, export, optimize, publish, quantize, validate
+from pipeline import checkpoint, export, faults, optimize, publish, quantize, validate
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
 from pipeline.errors import InputError, TargetError
 from pipeline.manifest import Manifest
@@ -72,10 +72,11 @@ def build(
         task_override=task,
     )
     started = time.perf_counter()
-    for _, stage in STAGES:
+    for stage_name, stage in STAGES:
         count = len(manifest.stages)
         manifest = stage(manifest, spec)
         if on_stage and len(manifest.stages) > count:
             on_stage(manifest.stages[-1])
+        faults.point(f"after-{stage_name}")
     manifest.published["seconds"] = round(time.perf_counter() - started, 2)
     return manifest

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline import faults
 from pipeline.manifest import StageRecord
 from pipeline.runtime import canonical_json, sha256_file
 
@@ -65,6 +66,7 @@ def run_cached(
             files = {p.name: sha256_file(p) for p in sorted(scratch.iterdir()) if p.is_file()}
             record = {"stage": stage, "key": key, "config": config, "files": files, "metrics": metrics}
             (scratch / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+            faults.point(f"cache-{stage}")
             try:
                 os.rename(scratch, entry)
             except OSError:

@@ -24,6 +24,7 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 
+from pipeline import faults
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest
 from pipeline.runtime import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, cpu_flags, manifest_digest, sha256_file
@@ -96,70 +97,83 @@ def _report(manifest: Manifest) -> dict:
     return {r.name: {"reused": r.reused, "seconds": r.seconds, "metrics": r.metrics} for r in manifest.stages}
 
 
+def _write_staging(
+    staging: Path, manifest: Manifest, target: Target, sources: dict, content: dict, version: str
+) -> None:
+    """Copy the files and write report.json and manifest.json into `staging`, then make them read-only."""
+    files = dict(content["files"])
+    for name, path in sources.items():
+        shutil.copyfile(path, staging / name)
+        if sha256_file(staging / name) != files[name]:
+            raise ArtifactError(f"{path} changed while it was being published; rebuild")
+    report = {"model_name": manifest.model_name, "version": version, "target": target.name, "stages": _report(manifest)}
+    (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    files["report.json"] = sha256_file(staging / "report.json")
+    published = {
+        "schema": MANIFEST_SCHEMA,
+        "model_name": manifest.model_name,
+        "version": version,
+        "target": target.name,
+        "content_id": hashlib.sha256(canonical_json(content)).hexdigest(),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "files": files,
+        "model": content["model"],
+        "session": dataclasses.asdict(target.runtime),
+        "target_spec": content["target_spec"],
+        "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
+        "stages": content["stages"],
+        "validation": manifest.stage("validate").metrics,
+        "packages": _package_versions(),
+        "host": _host(),
+        "timings": {r.name: r.seconds for r in manifest.stages},
+        "reused_stages": [r.name for r in manifest.stages if r.reused],
+    }
+    published["manifest_sha256"] = manifest_digest(published)
+    (staging / MANIFEST_NAME).write_text(json.dumps(published, indent=1, sort_keys=True))
+    for file in staging.iterdir():
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+        file.chmod(0o444)
+
+
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Publish the validated graph, or report the identical version already published."""
-    validation = manifest.stage("validate")
+    manifest.stage("validate")  # nothing unvalidated is published
     export = manifest.stage("export")
     sources = {
         "model.onnx": manifest.last_model().output("model.onnx"),
         "tokenizer.json": export.output("tokenizer.json"),
     }
     model_root = Path(manifest.artifacts_dir) / manifest.model_name
-    files = {name: sha256_file(path) for name, path in sources.items()}
-    content = _content(manifest, target, files)
+    content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
     content_id = hashlib.sha256(canonical_json(content)).hexdigest()
-    with model_lock(model_root):
-        version = _existing(model_root, target.name, content_id)
-        reused = version is not None
-        if not reused:
-            number = max([n for n, p in _versions(model_root) if (p / target.name).exists()], default=0) + 1
-            version = f"v{number}"
-            staging = model_root / f".staging-{uuid.uuid4().hex}"
-            staging.mkdir()
-            try:
-                for name, path in sources.items():
-                    shutil.copyfile(path, staging / name)
-                    if sha256_file(staging / name) != files[name]:
-                        raise ArtifactError(f"{path} changed while it was being published; rebuild")
-                report = {
-                    "model_name": manifest.model_name,
-                    "version": version,
-                    "target": target.name,
-                    "stages": _report(manifest),
-                }
-                (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
-                files["report.json"] = sha256_file(staging / "report.json")
-                published = {
-                    "schema": MANIFEST_SCHEMA,
-                    "model_name": manifest.model_name,
-                    "version": version,
-                    "target": target.name,
-                    "content_id": content_id,
-                    "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "files": files,
-                    "model": content["model"],
-                    "session": dataclasses.asdict(target.runtime),
-                    "target_spec": content["target_spec"],
-                    "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
-                    "stages": content["stages"],
-                    "validation": validation.metrics,
-                    "packages": _package_versions(),
-                    "host": _host(),
-                    "timings": {r.name: r.seconds for r in manifest.stages},
-                    "reused_stages": [r.name for r in manifest.stages if r.reused],
-                }
-                published["manifest_sha256"] = manifest_digest(published)
-                (staging / MANIFEST_NAME).write_text(json.dumps(published, indent=1, sort_keys=True))
-                for file in staging.iterdir():
-                    with open(file, "rb") as handle:
-                        os.fsync(handle.fileno())
-                    file.chmod(0o444)
-                (model_root / version).mkdir(exist_ok=True)
-                os.rename(staging, model_root / version / target.name)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-        _point_latest(model_root, version, target.name)
+    try:
+        with model_lock(model_root):
+            # Left by a build killed while publishing; only a lock holder stages, so none is in use now.
+            for stale in model_root.glob(".staging-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            version = _existing(model_root, target.name, content_id)
+            reused = version is not None
+            if not reused:
+                number = max([n for n, p in _versions(model_root) if (p / target.name).exists()], default=0) + 1
+                version = f"v{number}"
+                staging = model_root / f".staging-{uuid.uuid4().hex}"
+                staging.mkdir()
+                try:
+                    _write_staging(staging, manifest, target, sources, content, version)
+                    faults.point("publish-staged")
+                    (model_root / version).mkdir(exist_ok=True)
+                    os.rename(staging, model_root / version / target.name)
+                except BaseException:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise
+                faults.point("publish-renamed")
+            _point_latest(model_root, version, target.name)
+    except OSError as err:
+        raise ArtifactError(
+            f"publishing {manifest.model_name} to {model_root} failed: {err.strerror or err} "
+            f"({err.filename or model_root}); nothing was published. Free space or fix permissions, then rebuild."
+        ) from None
     path = model_root / version / target.name
     return dataclasses.replace(
         manifest, published={"version": version, "path": str(path), "reused": reused, "content_id": content_id}

@@ -20,6 +20,17 @@ from pipeline.errors import ArtifactError, InputError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA = 1
+_MANIFEST_FIELDS = {
+    "manifest_sha256": str,
+    "version": str,
+    "target": str,
+    "files": dict,
+    "model": dict,
+    "session": dict,
+    "target_spec": dict,
+    "host": dict,
+}
+_MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
 _GRAPH_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
 
 
@@ -78,6 +89,12 @@ def verify_artifact(path: Path) -> dict:
         raise ArtifactError(f"{manifest_path} is not valid JSON ({err}); the artifact is damaged, rebuild it") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise ArtifactError(f"{manifest_path}: unknown manifest schema; this loader reads schema {MANIFEST_SCHEMA}")
+    for key, kind in _MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(key), kind):
+            raise ArtifactError(f"{manifest_path}: field {key!r} is missing or not a {kind.__name__}; rebuild it")
+    for key, kind in _MODEL_FIELDS.items():
+        if not isinstance(manifest["model"].get(key), kind):
+            raise ArtifactError(f"{manifest_path}: model.{key} is missing or not a {kind.__name__}; rebuild it")
     if manifest.get("manifest_sha256") != manifest_digest(manifest):
         raise ArtifactError(f"{manifest_path} was edited after publishing (its digest does not match); rebuild it")
     if manifest.get("target") != root.name or manifest.get("version") != root.parent.name:
@@ -85,9 +102,9 @@ def verify_artifact(path: Path) -> dict:
             f"{manifest_path} belongs to {manifest.get('version')}/{manifest.get('target')}, but sits in "
             f"{root.parent.name}/{root.name}: a manifest from another artifact. Load the folder it came from."
         )
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise ArtifactError(f"{manifest_path} lists no files")
+    files = manifest["files"]
+    if "model.onnx" not in files or "tokenizer.json" not in files:
+        raise ArtifactError(f"{manifest_path} does not list model.onnx and tokenizer.json; rebuild it")
     present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
     extra = sorted(present - set(files))
     if extra:
@@ -96,7 +113,7 @@ def verify_artifact(path: Path) -> dict:
         )
     for name, expected in sorted(files.items()):
         file = root / name
-        if "/" in name or name.startswith("."):
+        if not isinstance(expected, str) or "/" in name or name.startswith("."):
             raise ArtifactError(f"{manifest_path} lists {name!r}, which is not a plain file name")
         if file.is_symlink():
             raise ArtifactError(f"{file} is a symlink (to {os.readlink(file)}); artifact files must be plain files")
