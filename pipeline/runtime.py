@@ -269,12 +269,17 @@ def load(path, strict: bool = False, providers=None, intra_op_threads: int | Non
     if not root.exists():
         raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
     manifest = verify_artifact(root)
-    _check_host(manifest, strict)
     session = dict(manifest["session"])
     if intra_op_threads is not None:
         session["intra_op_threads"] = intra_op_threads
     real = root.resolve()
-    return Model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
+    try:
+        _check_host(manifest, strict)
+        return Model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise ArtifactError(
+            f"{real / MANIFEST_NAME}: its target, session or model settings are invalid ({err!r})"
+        ) from None
 
 
 def describe(path) -> dict:

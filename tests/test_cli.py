@@ -39,12 +39,21 @@ def test_cli_build_bad_input_is_one_line_error(args, code, message, tiny_bert, t
     assert not (tmp_path / "a").exists() or not list((tmp_path / "a").rglob("manifest.json"))
 
 
-def test_cli_build_empty_validation_set_publishes_nothing(tiny_bert, tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.write_text("\n")
-    out = _cli("build", "--model", str(tiny_bert), "--validation", str(empty), "--artifacts-dir", str(tmp_path / "a"),
-               "--cache-dir", str(tmp_path / "c"))  # fmt: skip
-    assert out.returncode == 3 and "holds no examples" in out.stderr
+@pytest.mark.parametrize(
+    "option, content, message",
+    [
+        ("--validation", b"\n", "holds no examples"),
+        ("--calibration", b"\n \n", "calibration data"),
+        ("--calibration", b"ok\ncaf\xe9\n", "line 2: not UTF-8"),
+    ],
+)
+def test_cli_build_bad_data_file_publishes_nothing(option, content, message, tiny_bert, texts_file, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    data = {"--validation": str(texts_file), "--calibration": str(texts_file), option: str(bad)}
+    out = _cli("build", "--model", str(tiny_bert), *[x for kv in data.items() for x in kv],
+               "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"))  # fmt: skip
+    assert out.returncode == 3 and message in out.stderr and str(bad) in out.stderr
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 
