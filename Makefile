@@ -1,5 +1,5 @@
 # make build [TARGET=cpu-avx2] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
-# make test | make lint | make bench
+# make test | make lint | make bench (builds first if needed)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,6 +14,9 @@ PYTEST_ARGS ?=
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target $(TARGET) $(if $(MODEL),--model $(MODEL)) $(if $(NAME),--name $(NAME)) $(if $(CALIBRATION),--calibration $(CALIBRATION))
+
+bench: build
+	$(BIN)/python -m pipeline bench artifacts/$(or $(NAME),all-minilm-l6-v2)/latest/$(TARGET)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

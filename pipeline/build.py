@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from pipeline import checkpoint, export, faults, optimize, publish, quantize, validate
+from pipeline import checkpoint, export, faults, optimize, publish, quantize, tune, validate
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
 from pipeline.errors import InputError, TargetError
 from pipeline.manifest import Manifest
@@ -24,6 +24,7 @@ STAGES = (
     ("optimize", optimize.run),
     ("quantize", quantize.run),
     ("validate", validate.run),
+    ("tune", tune.run),
     ("publish", publish.run),
 )
 

@@ -91,6 +91,26 @@ def inspect_artifact(artifact) -> None:
 
 
 @main.command()
+@click.argument("artifact")
+@click.option("--baseline", type=click.Choice(["pytorch", "none"]), default="pytorch", show_default=True)
+@click.option("--cache-dir", default=None, help="stage cache holding the unoptimized and fp32 graphs")
+@click.option("--out", default=None, help="folder for bench.json, bench.md, bench.png (default: beside the artifact)")
+@click.option("--quick", is_flag=True, help="batch 1 and 8, sequence 16 and 128, fewer repetitions")
+def bench(artifact, baseline, cache_dir, out, quick) -> None:
+    """Benchmark ARTIFACT against PyTorch eager and its unoptimized and fp32 graphs."""
+    from pipeline.bench import bench as run_bench
+    from pipeline.bench import markdown
+
+    grid = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "budget_s": 0.5, "min_reps": 3} if quick else {}
+    try:
+        results = run_bench(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, **grid)
+    except PipelineError as err:
+        _fail(err)
+    click.echo(markdown(results))
+    click.echo(f"wrote {results['written_to']}/bench.json, bench.md, bench.png")
+
+
+@main.command()
 def targets() -> None:
     """List the available targets."""
     from pipeline.targets import available_targets, load_target

@@ -41,3 +41,9 @@ class ArtifactError(PipelineError):
     """A published artifact is missing, incomplete or has been tampered with."""
 
     exit_code = 7
+
+
+class OverloadedError(PipelineError):
+    """A Batcher's queue is full; the caller should back off and retry, or the service should scale out."""
+
+    exit_code = 8

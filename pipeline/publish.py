@@ -79,6 +79,7 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     return {
         "files": {k: v for k, v in files.items() if k != "report.json"},
         "model": export.metrics["spec"],
+        "session": {**dataclasses.asdict(target.runtime), **manifest.stage("tune").metrics["best"]},
         "target_spec": target.to_dict(),
         "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
     }
@@ -118,7 +119,7 @@ def _write_staging(
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "files": files,
         "model": content["model"],
-        "session": dataclasses.asdict(target.runtime),
+        "session": content["session"],
         "target_spec": content["target_spec"],
         "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
         "stages": content["stages"],

@@ -29,7 +29,7 @@ from pipeline.errors import AccuracyError, QuantizationError
 from pipeline.manifest import Manifest
 from pipeline.targets import Target, with_headroom
 from pipeline.tasks import TASKS
-from pipeline.validate import candidate_model, compare, failures, measure
+from pipeline.validate import candidate_model, compare, failures, measure, runtime_code_digest
 
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
@@ -229,6 +229,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "batch_size": target.shapes.batch_size,
         "calibration_sha256": texts_digest(texts),
         "onnxruntime": onnxruntime.__version__,
+        "runtime": runtime_code_digest(),
     }
     source = manifest.last_model()
     record = run_cached(

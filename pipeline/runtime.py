@@ -151,6 +151,9 @@ class Model:
         options.graph_optimization_level = getattr(
             ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL")
         )
+        if not session.get("allow_spinning", True):
+            # Idle pool threads otherwise spin for a while after each run, taking cores from whatever runs next.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if session.get("execution_mode") == "parallel":
             options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         self.session = ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
@@ -199,25 +202,39 @@ class Model:
         arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {name: arrays[name] for name in self.input_names}
 
-    def run(self, texts, batch_size: int | None = None):
+    def batches(self, lengths: list[int], batch_size: int, bucketing: bool = True) -> list[list[int]]:
+        """Indices of each batch to run. With bucketing, texts are sorted by length and a batch is closed when
+        full or when the next text is over twice as long as its first, so short texts are not padded to long
+        ones; without, texts go in their given order."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__) if bucketing else list(range(len(lengths)))
+        batches: list[list[int]] = []
+        for index in order:
+            current = batches[-1] if batches else None
+            first = lengths[current[0]] if current else 0
+            too_long = bucketing and current and lengths[index] > 2 * first and lengths[index] - first > 8
+            if not current or len(current) == batch_size or too_long:
+                batches.append([index])
+            else:
+                current.append(index)
+        return batches
+
+    def run(self, texts, batch_size: int | None = None, bucketing: bool = True):
         """Run the model on a list of strings.
 
-        Inputs are sorted by length and padded per batch, so a short text never pays for a long one.
+        Inputs are bucketed by length (see `batches`), so a short text does not pay for a long one.
         Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an
         array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays.
         """
         np = self._np
         encodings = self.encode(texts)
-        size = batch_size or self.batch_size
-        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         results: list = [None] * len(encodings)
-        for start in range(0, len(order), size):
-            chunk = order[start : start + size]
+        lengths = [len(e.ids) for e in encodings]
+        for chunk in self.batches(lengths, batch_size or self.batch_size, bucketing):
             feeds = self.feeds([encodings[i] for i in chunk])
             out = self.session.run([self.output_name], feeds)[0]
             for row, index in enumerate(chunk):
                 if self.task == "token-classification":
-                    results[index] = out[row, : int(feeds["attention_mask"][row].sum())]
+                    results[index] = out[row, : lengths[index]]
                 else:
                     results[index] = out[row]
         if self.task == "token-classification":

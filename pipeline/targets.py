@@ -74,6 +74,9 @@ class Runtime:
     inter_op_threads: int = 1
     graph_optimization_level: str = "all"
     execution_mode: str = "sequential"
+    # The tune stage times these on the build host and records the fastest; empty means keep the above.
+    candidate_threads: tuple[int, ...] = ()
+    candidate_execution_modes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,7 @@ _CHOICES = {
     ("shapes", "overlong"): OVERLONG,
     ("runtime", "graph_optimization_level"): GRAPH_LEVELS,
     ("runtime", "execution_mode"): EXECUTION_MODES,
+    ("runtime", "candidate_execution_modes"): EXECUTION_MODES,
 }
 
 
@@ -190,8 +194,9 @@ def _build(cls, table: dict, path: Path, prefix: tuple[str, ...]):
             continue
         value = _coerce(table[name], tp, where)
         choices = _CHOICES.get(prefix + (name,))
-        if choices and value not in choices:
-            raise TargetError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+        for item in value if isinstance(value, tuple) else (value,):
+            if choices and item not in choices:
+                raise TargetError(f"{where}: {item!r} is not one of {', '.join(choices)}")
         values[name] = value
     return cls(**values)
 

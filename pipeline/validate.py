@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import runtime
 from pipeline.cache import run_cached
 from pipeline.checkpoint import checkpoint_digest
 from pipeline.data import DEFAULT_VALIDATION, read_texts, texts_digest
 from pipeline.errors import AccuracyError, InputError
 from pipeline.manifest import Checkpoint, Manifest
-from pipeline.runtime import Model, load, verify_artifact
+from pipeline.runtime import Model, load, sha256_file, verify_artifact
 from pipeline.targets import Accuracy, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
@@ -136,6 +137,11 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
             else:
                 outputs.append(out.logits[0].numpy())
     return outputs if checkpoint.task == "token-classification" else np.stack(outputs)
+
+
+def runtime_code_digest() -> str:
+    """sha256 of the loader's source: validation measured one runtime's batching, so a new one measures again."""
+    return sha256_file(Path(runtime.__file__))
 
 
 def candidate_model(manifest: Manifest, target: Target, onnx_path=None) -> Model:

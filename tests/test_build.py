@@ -16,7 +16,15 @@ def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):
 
 
 def test_stage_table_runs_in_product_order():
-    assert [name for name, _ in STAGES] == ["checkpoint", "export", "optimize", "quantize", "validate", "publish"]
+    assert [name for name, _ in STAGES] == [
+        "checkpoint",
+        "export",
+        "optimize",
+        "quantize",
+        "validate",
+        "tune",
+        "publish",
+    ]
 
 
 def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
@@ -29,7 +37,7 @@ def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
     for key in ("files", "source", "target_spec", "stages", "packages", "host", "validation", "timings"):
         assert saved[key], key
     assert saved["source"]["digest"] == manifest.checkpoint.digest
-    assert set(saved["stages"]) == {"checkpoint", "export", "optimize", "quantize", "validate"}
+    assert set(saved["stages"]) == {"checkpoint", "export", "optimize", "quantize", "validate", "tune"}
     assert saved["validation"]["cosine_min"] >= 0.99
     assert all(p.stat().st_mode & 0o222 == 0 for p in folder.iterdir())  # published files are read-only
     model = load(build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2")

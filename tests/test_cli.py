@@ -64,7 +64,7 @@ def test_cli_build_then_inspect(tiny_bert, texts_file, tmp_path):
     assert first.returncode == 0, first.stderr
     assert "published" in first.stdout and "v1/cpu-avx2" in first.stdout
     second = _cli("build", *common)
-    assert "unchanged" in second.stdout and "reused stages: export, optimize, quantize, validate" in second.stdout
+    assert "unchanged" in second.stdout and "reused stages: export, optimize, quantize, validate, tune" in second.stdout
     shown = _cli("inspect", str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2"))
     assert shown.returncode == 0
     assert json.loads(shown.stdout)["verified"] is True

@@ -13,7 +13,7 @@ from pipeline.runtime import load, verify_artifact
 from .conftest import REPO, write_target
 
 POINTS = [
-    f"{kind}-{stage}" for stage in ("export", "optimize", "quantize", "validate") for kind in ("cache", "after")
+    f"{kind}-{stage}" for stage in ("export", "optimize", "quantize", "validate", "tune") for kind in ("cache", "after")
 ] + ["after-checkpoint", "publish-staged", "publish-renamed"]
 
 

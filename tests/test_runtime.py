@@ -148,3 +148,17 @@ def test_model_run_refuses_overlong_when_target_says(artifact_copy):
 def test_verify_artifact_returns_manifest(published):
     manifest = verify_artifact(published)
     assert manifest["target"] == "cpu-avx2" and manifest["version"] == "v1"
+
+
+def test_model_batches_buckets_by_length(published):
+    model = load(published)
+    lengths = [40, 5, 6, 100, 7, 41, 30]
+    assert model.batches(lengths, 32) == [[1, 2, 4], [6, 0, 5], [3]]
+    assert model.batches(lengths, 2) == [[1, 2], [4], [6, 0], [5], [3]]
+    assert model.batches(lengths, 4, bucketing=False) == [[0, 1, 2, 3], [4, 5, 6]]
+
+
+def test_model_run_same_rows_with_and_without_bucketing(published):
+    model = load(published)
+    texts = ["tiny", "a sentence of middling length here", "word " * 60, "short one"]
+    np.testing.assert_allclose(model.run(texts), model.run(texts, bucketing=False), atol=2e-2)

@@ -1,0 +1,75 @@
+"""Stage: tune the ONNX Runtime session on the build host.
+
+Times the validated graph under each candidate thread count and execution mode of the target, at batch 1 and at
+the target's batch size, alternating candidates run by run, and records the fastest; the loader uses it unless
+the caller overrides. Cached per graph and host (CPU flags and core count), since the answer is the host's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import statistics
+import time
+
+from pipeline.cache import run_cached
+from pipeline.data import read_texts
+from pipeline.manifest import Manifest
+from pipeline.runtime import Model, cpu_flags
+from pipeline.targets import Target
+
+REPS = 5
+
+
+def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
+    export = manifest.stage("export")
+    path = manifest.last_model().output("model.onnx")
+    base = dataclasses.asdict(target.runtime)
+    threads = target.runtime.candidate_threads or (target.runtime.intra_op_threads,)
+    modes = target.runtime.candidate_execution_modes or (target.runtime.execution_mode,)
+    candidates = [{"intra_op_threads": t, "execution_mode": m} for t, m in itertools.product(threads, modes)]
+    models = [
+        Model(path, export.output("tokenizer.json"), export.metrics["spec"], session={**base, **c}) for c in candidates
+    ]
+    workloads = {"batch_1": texts[:1], f"batch_{target.shapes.batch_size}": texts[: target.shapes.batch_size]}
+    tried = [{**c, "ms": {}} for c in candidates]
+    for name, batch in workloads.items():
+        for model in models:
+            model.run(batch)  # warm-up
+        times = [[] for _ in models]
+        for _ in range(REPS):
+            for index, model in enumerate(models):
+                started = time.perf_counter()
+                model.run(batch)
+                times[index].append((time.perf_counter() - started) * 1000)
+        for entry, values in zip(tried, times, strict=True):
+            entry["ms"][name] = statistics.median(values)
+    # Each workload weighs the same: a candidate's score is its latency relative to the best at that workload.
+    for entry in tried:
+        entry["score"] = sum(entry["ms"][w] / min(t["ms"][w] for t in tried) for w in workloads) / len(workloads)
+    best = min(tried, key=lambda e: e["score"])
+    return {"best": {k: best[k] for k in ("intra_op_threads", "execution_mode")}, "tried": tried}
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Time the target's session candidates on this host and record the fastest."""
+    texts = read_texts(manifest.validation_path, "validation")
+    flags = ",".join(sorted(cpu_flags() or ()))
+    host = hashlib.sha256(f"{os.cpu_count()}|{flags}".encode()).hexdigest()
+    config = {
+        "candidate_threads": list(target.runtime.candidate_threads),
+        "candidate_execution_modes": list(target.runtime.candidate_execution_modes),
+        "batch_size": target.shapes.batch_size,
+        "host": host,
+    }
+    record = run_cached(
+        manifest.cache_dir,
+        "tune",
+        config,
+        manifest.last_model().key,
+        target.name,
+        lambda out: _tune(manifest, target, texts),
+    )
+    return manifest.with_stage(record)
