@@ -10,13 +10,17 @@ NAME ?=
 CALIBRATION ?=
 PYTEST_ARGS ?=
 
-.PHONY: build test lint format bench clean
+.PHONY: build test lint format bench bench-calibration clean
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target $(TARGET) $(if $(MODEL),--model $(MODEL)) $(if $(NAME),--name $(NAME)) $(if $(CALIBRATION),--calibration $(CALIBRATION))
 
 bench: build
 	$(BIN)/python -m pipeline bench artifacts/$(or $(NAME),all-minilm-l6-v2)/latest/$(TARGET)
+
+# Peak memory of static calibration as the example count grows (several minutes).
+bench-calibration: build
+	$(BIN)/python -m pipeline bench artifacts/$(or $(NAME),all-minilm-l6-v2)/latest/$(TARGET) --calibration-memory 1000,10000
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -96,11 +96,24 @@ def inspect_artifact(artifact) -> None:
 @click.option("--cache-dir", default=None, help="stage cache holding the unoptimized and fp32 graphs")
 @click.option("--out", default=None, help="folder for bench.json, bench.md, bench.png (default: beside the artifact)")
 @click.option("--quick", is_flag=True, help="batch 1 and 8, sequence 16 and 128, fewer repetitions")
-def bench(artifact, baseline, cache_dir, out, quick) -> None:
+@click.option("--calibration-memory", "calibration", default=None, metavar="N,N",
+              help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)")  # fmt: skip
+@click.option("--method", default="entropy", show_default=True, help="calibration method for --calibration-memory")
+def bench(artifact, baseline, cache_dir, out, quick, calibration, method) -> None:
     """Benchmark ARTIFACT against PyTorch eager and its unoptimized and fp32 graphs."""
     from pipeline.bench import bench as run_bench
-    from pipeline.bench import markdown
+    from pipeline.bench import calibration_memory, markdown
 
+    if calibration:
+        try:
+            rows = calibration_memory(artifact, cache_dir, [int(n) for n in calibration.split(",")], method)
+        except (PipelineError, ValueError) as err:
+            _fail(err if isinstance(err, PipelineError) else PipelineError(f"--calibration-memory: {err}"))
+        for row in rows:
+            kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
+            click.echo(f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
+                       f"{row['seconds']} s")  # fmt: skip
+        return
     grid = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "budget_s": 0.5, "min_reps": 3} if quick else {}
     try:
         results = run_bench(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, **grid)

@@ -1,7 +1,8 @@
 """Text data for validation and calibration: one data contract, a list of strings read from a file.
 
-Accepted: a text file (one example a line, blank lines skipped), JSONL (objects with a `text` field), or a
-folder of such files. Errors name the file and line.
+Accepted: a text file (one example a line, blank lines skipped), JSONL (objects with a `text` field, and an
+optional `text_pair` for pair classifiers, read as a (text, text_pair) tuple), or a folder of such files.
+Errors name the file and line.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def _read_file(path: Path, purpose: str) -> list[str]:
                 raise InputError(f"{purpose} file {path}, line {number}: not JSON ({err.msg})") from None
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                 raise InputError(f'{purpose} file {path}, line {number}: expected an object with a "text" string')
-            texts.append(row["text"])
+            pair = row.get("text_pair")
+            if pair is not None and not isinstance(pair, str):
+                raise InputError(f'{purpose} file {path}, line {number}: "text_pair" must be a string')
+            texts.append((row["text"], pair) if pair is not None else row["text"])
         else:
             texts.append(line)
     return texts
@@ -62,6 +66,6 @@ def read_texts(path: str | Path, purpose: str) -> list[str]:
     return texts
 
 
-def texts_digest(texts: list[str]) -> str:
+def texts_digest(texts: list) -> str:
     """sha256 of the examples themselves, so the same data in another file gives the same cache key."""
-    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()
+    return hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -1,4 +1,5 @@
-"""Stage 4: quantize_dynamic. Int8 weights, activations quantized at run time, with two guards on accuracy.
+"""Stage 4: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
+calibrated on text), with two guards on accuracy.
 
 1. Smoothing (SmoothQuant-style, optional): transformer activations have a few channels far larger than the
    rest, and a per-tensor activation scale spends all of int8 on them. For each quantized node Y = X @ W,
@@ -17,6 +18,7 @@ Every candidate tried is recorded in the stage's metrics.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -108,12 +110,7 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
     weight_type = QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8
-    root = logging.getLogger()
-    level = root.level
-    # onnxruntime.quantization logs advice on the root logger at every call; it is noise in a build's output.
-    root.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _Silenced():
         try:
             ort_quantize_dynamic(
                 str(source), str(out), per_channel=settings.per_channel, reduce_range=settings.reduce_range,
@@ -125,8 +122,111 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
             )  # fmt: skip
         except Exception as err:  # onnxruntime raises bare Exceptions here
             raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
-        finally:
-            root.setLevel(level)
+
+
+class _Silenced:
+    """onnxruntime.quantization logs advice on the root logger at every call; it is noise in a build's output."""
+
+    def __enter__(self):
+        self.root = logging.getLogger()
+        self.level = self.root.level
+        self.root.setLevel(logging.ERROR)
+        self.warnings = warnings.catch_warnings()
+        self.warnings.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self.warnings.__exit__(*exc)
+        self.root.setLevel(self.level)
+
+
+def calibration_reader(model, texts: list[str], batch_size: int):
+    """A CalibrationDataReader over the calibration text that holds token ids only, never activations.
+
+    Every batch is padded to one length (the longest text's), since ONNX Runtime's histogram calibrators fail on
+    batches of different shapes. `set_range` lets the calibrator consume it one batch at a time, so memory stays
+    flat however many examples there are.
+    """
+    from onnxruntime.quantization import CalibrationDataReader
+
+    encodings = model.encode(texts)
+    width = max(len(e.ids) for e in encodings)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = [encodings[i : i + batch_size] for i in range(0, len(encodings), batch_size)]
+            self.set_range(0, len(self.batches))
+
+        def __len__(self) -> int:
+            return len(self.batches)
+
+        def set_range(self, start_index: int, end_index: int) -> None:
+            self.pending = iter(range(start_index, min(end_index, len(self.batches))))
+
+        def get_next(self):
+            index = next(self.pending, None)
+            if index is None:
+                return None
+            feeds = model.feeds(self.batches[index])
+            pad = width - feeds["input_ids"].shape[1]
+            pad_ids = {"input_ids": int(model.spec["pad_id"])}
+            return {k: np.pad(v, ((0, 0), (0, pad)), constant_values=pad_ids.get(k, 0)) for k, v in feeds.items()}
+
+    return Reader()
+
+
+def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Path, exclude=(), only=None) -> None:
+    """ONNX Runtime static quantization; activation ranges are computed once into `ranges_cache` and reused."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[settings.calibration_method]  # fmt: skip
+    with _Silenced():
+        try:
+            ort_quantize_static(
+                str(source), str(out), None if ranges_cache.exists() else reader,
+                quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
+                op_types_to_quantize=list(settings.op_types), per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range, activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
+                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []), calibrate_method=method,
+                calibration_cache_path=str(ranges_cache),
+                extra_options={
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                    "CalibStridedMinMax": 1,  # one batch per collect: activations are never all held at once
+                    "CalibPercentile": settings.percentile,
+                },
+            )  # fmt: skip
+        except Exception as err:  # onnxruntime raises bare Exceptions here
+            raise QuantizationError(f"static quantization of {source} failed: {err}") from None
+
+
+def with_shapes(source: Path, out: Path) -> Path:
+    """A copy of `source` with symbolic shape inference run over it: fused ops have no ONNX shape inference, and
+    static quantization needs every activation's type."""
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    with _Silenced():
+        inferred = SymbolicShapeInference.infer_shapes(onnx.load(str(source)), auto_merge=True)
+    onnx.save(inferred, str(out))
+    return out
+
+
+def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
+    """Median milliseconds of one run at batch 1 and at `batch`, on calibration text, for the report."""
+    timings = {}
+    for name, chunk in (("latency_ms_batch_1", texts[:1]), (f"latency_ms_batch_{batch}", texts[:batch])):
+        model.run(chunk)
+        runs = []
+        for _ in range(reps):
+            begun = time.perf_counter()
+            model.run(chunk)
+            runs.append((time.perf_counter() - begun) * 1000)
+        timings[name] = sorted(runs)[reps // 2]
+    return timings
 
 
 def _error(stats: dict, metric: str) -> float:
@@ -154,18 +254,33 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
     candidates, sensitivity = [], None
     gate = with_headroom(target.accuracy, settings.fallback_headroom)
+    started = time.perf_counter()
+    if settings.mode == "static":
+        shaped = with_shapes(source, work / "shaped.onnx")
+        reader = calibration_reader(fp32, texts, settings.calibration_batch_size)
+        ranges_cache = work / "ranges.json"
+
+        def quantize_one(path: Path, exclude=(), only=None) -> None:
+            quantize_static(shaped, path, settings, reader, ranges_cache, exclude, only)
+
+    else:
+
+        def quantize_one(path: Path, exclude=(), only=None) -> None:
+            quantize_dynamic(source, path, settings, exclude, only)
 
     def attempt(exclude: list[str]) -> tuple[Path, dict]:
         path = work / f"int8-{len(exclude)}.onnx"
         started = time.perf_counter()
-        quantize_dynamic(source, path, settings, exclude=exclude)
-        stats = measure(candidate_model(manifest, target, path), texts, reference, metric, batch)
+        quantize_one(path, exclude=exclude)
+        model = candidate_model(manifest, target, path)
+        stats = measure(model, texts, reference, metric, batch)
         missed = failures(stats, gate)
         candidates.append(
             {
                 "fp32_nodes": len(exclude),
                 "passed": not missed,
                 "seconds": round(time.perf_counter() - started, 2),
+                **latency(model, texts, batch),
                 **stats,
             }
         )
@@ -178,7 +293,7 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
             if node.name in excluded:
                 continue
             path = work / "single.onnx"
-            quantize_dynamic(source, path, settings, only=[node.name])
+            quantize_one(path, only=[node.name])
             stats = compare(metric, reference, candidate_model(manifest, target, path).run(texts, batch_size=batch))
             sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
         sensitivity.sort(key=lambda s: -s["error"])
@@ -197,11 +312,14 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
             f"(now {settings.max_fp32_nodes}) or build a fp32 target."
         )
     chosen.rename(out / "model.onnx")
-    for leftover in work.iterdir():
-        leftover.unlink()
-    work.rmdir()
+    shutil.rmtree(work)
     return {
+        "mode": settings.mode,
+        "format": settings.format if settings.mode == "static" else "qoperator",
+        "calibration_method": settings.calibration_method if settings.mode == "static" else None,
+        "seconds": round(time.perf_counter() - started, 2),
         "calibration_examples": len(texts),
+        "fp32_latency": latency(fp32, texts, batch),
         "quantized_nodes": len(nodes) - len(excluded),
         "fp32_nodes": excluded,
         "smoothed_nodes": len(smoothed),
@@ -217,10 +335,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     settings = target.quantize
     if settings.mode == "none":
         return manifest
-    if settings.mode == "static":
-        raise QuantizationError(
-            f'target {target.name} asks for static quantization, which is not built yet; use mode = "dynamic"'
-        )
     texts = read_texts(manifest.calibration_path, "calibration")[: settings.calibration_examples]
     config = {
         "mode": settings.mode,

@@ -170,6 +170,8 @@ class Model:
         if not texts:
             raise InputError("run() got an empty list; pass at least one string")
         for i, text in enumerate(texts):
+            if isinstance(text, tuple) and len(text) == 2 and all(isinstance(t, str) for t in text):
+                continue  # a (text, text_pair) pair, for pair classifiers
             if not isinstance(text, str):
                 raise InputError(f"run() input {i} is {type(text).__name__}, not str; pass text only")
         return texts
@@ -219,7 +221,7 @@ class Model:
         return batches
 
     def run(self, texts, batch_size: int | None = None, bucketing: bool = True):
-        """Run the model on a list of strings.
+        """Run the model on a list of strings (or of (text, text_pair) tuples, for pair classifiers).
 
         Inputs are bucketed by length (see `batches`), so a short text does not pay for a long one.
         Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an

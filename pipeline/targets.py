@@ -21,6 +21,8 @@ ENGINES = ("onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
 QUANT_MODES = ("none", "dynamic", "static")
 QUANT_TYPES = ("int8", "uint8")
+QUANT_FORMATS = ("qoperator", "qdq")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
 OVERLONG = ("truncate", "refuse")
@@ -50,6 +52,11 @@ class Quantize:
     exclude_nodes: tuple[str, ...] = ()
     exclude_op_types: tuple[str, ...] = ()
     # Accuracy-aware fallback: at most this many quantizable nodes may be kept in fp32 to meet the thresholds.
+    # Static mode only: the graph format, and how activation ranges are taken from the calibration text.
+    format: str = "qoperator"
+    calibration_method: str = "minmax"
+    percentile: float = 99.999
+    calibration_batch_size: int = 16
     max_fp32_nodes: int = 0
     # The fallback must beat the thresholds on calibration text by this share of the gap to a perfect score
     # (0.5: cosine_min 0.99 must reach 0.995), so that it still meets them on held-out text.
@@ -136,6 +143,8 @@ _CHOICES = {
     ("quantize", "mode"): QUANT_MODES,
     ("quantize", "weight_type"): QUANT_TYPES,
     ("quantize", "activation_type"): QUANT_TYPES,
+    ("quantize", "format"): QUANT_FORMATS,
+    ("quantize", "calibration_method"): CALIBRATION_METHODS,
     ("shapes", "overlong"): OVERLONG,
     ("runtime", "graph_optimization_level"): GRAPH_LEVELS,
     ("runtime", "execution_mode"): EXECUTION_MODES,

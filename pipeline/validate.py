@@ -125,7 +125,10 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
     outputs = []
     with torch.inference_mode():
         for text in texts:
-            enc = tokenizer([text], truncation=True, max_length=checkpoint.max_length, return_tensors="pt")
+            pair = (text,) if isinstance(text, str) else text
+            enc = tokenizer(
+                *([p] for p in pair), truncation=True, max_length=checkpoint.max_length, return_tensors="pt"
+            )
             out = model(**{k: v for k, v in enc.items() if k in inputs})
             if checkpoint.task == "feature-extraction":
                 hidden = out.last_hidden_state[0]

@@ -30,3 +30,12 @@ def test_bench_without_cache_measures_what_it_has(published, tmp_path):
     assert results["missing_variants"] == ["onnx-unoptimized", "onnx-fp32-optimized"]
     assert {row["variant"] for row in results["grid"]} == {"artifact-int8"}
     assert "Not in the stage cache" in (tmp_path / "bench.md").read_text()
+
+
+def test_calibration_memory_reports_each_count(published):
+    from pipeline.bench import calibration_memory
+
+    cache = published.parent.parent.parent.parent / "cache"
+    rows = calibration_memory(published, cache, counts=(8, 40), method="entropy")
+    assert [(r["examples"], r["streamed"]) for r in rows] == [(8, True), (40, True), (16, False)]
+    assert all(r["exit_code"] == 0 and r["peak_rss_mb"] > 50 and r["seconds"] > 0 for r in rows)

@@ -99,3 +99,19 @@ def test_build_classifier_tasks_publish_and_agree(task, texts_file, build_dirs, 
     else:
         assert out.shape == (2, 3)
     assert model.spec["labels"] == {"0": "neg", "1": "neu", "2": "pos"}
+
+
+def test_build_pair_classifier_validates_on_text_pairs(texts_file, build_dirs, tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "tiny-pairs", "bert", "sequence-classification")
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {"text": t, "text_pair": u}
+        for t, u in zip(
+            texts_file.read_text().split("\n")[:-1:2], texts_file.read_text().split("\n")[1::2], strict=False
+        )
+    ]
+    pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    manifest = build(checkpoint, "cpu-avx2", validation=pairs, calibration=pairs, **build_dirs)
+    assert manifest.stage("validate").metrics["top1_agreement"] >= 0.98
+    out = load(manifest.published["path"]).run([("is it raining?", "yes, heavily"), "single text"])
+    assert out.shape == (2, 3)

@@ -15,7 +15,7 @@ def test_cli_targets_lists_every_target():
     out = _cli("targets")
     assert out.returncode == 0
     names = [line.split()[0] for line in out.stdout.splitlines()]
-    assert names == ["a100", "cpu-avx2", "cpu-avx512"]
+    assert names == ["a100", "cpu-avx2", "cpu-avx2-static", "cpu-avx512"]
     assert "not yet supported" in out.stdout.splitlines()[0]
 
 

@@ -46,3 +46,16 @@ def test_read_texts_refuses_missing_path(tmp_path):
 def test_texts_digest_depends_on_content_only():
     assert texts_digest(["a", "b"]) == texts_digest(["a", "b"])
     assert texts_digest(["a", "b"]) != texts_digest(["b", "a"])
+
+
+def test_read_texts_reads_text_pairs(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"text": "question?", "text_pair": "answer."}\n{"text": "alone"}\n')
+    assert read_texts(path, "calibration") == [("question?", "answer."), "alone"]
+
+
+def test_read_texts_refuses_non_string_pair(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"text": "q", "text_pair": 3}\n')
+    with pytest.raises(InputError, match=r"pairs\.jsonl, line 1: \"text_pair\" must be a string"):
+        read_texts(path, "calibration")

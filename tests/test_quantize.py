@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -77,3 +79,47 @@ def test_quantize_honours_excluded_op_types(tiny_bert, texts_file, build_dirs, t
     manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
     ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
     assert "Attention" in ops and "QAttention" not in ops
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_quantize_static_qoperator_with_each_calibration_method(method, tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, f"static-{method}", quantize__mode="static", quantize__calibration_method=method)
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert {"QLinearMatMul", "QAttention"} & ops and "DynamicQuantizeLinear" not in ops
+    metrics = manifest.stage("quantize").metrics
+    assert metrics["mode"] == "static" and metrics["calibration_method"] == method
+    assert manifest.stage("validate").metrics["cosine_min"] >= 0.99
+    assert all(c["latency_ms_batch_1"] > 0 for c in metrics["candidates"])
+
+
+def test_quantize_static_qdq_writes_quantize_dequantize_pairs(tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, "static-qdq", quantize__mode="static", quantize__format="qdq")
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = [n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node]
+    assert ops.count("QuantizeLinear") > 0 and ops.count("DequantizeLinear") >= ops.count("QuantizeLinear")
+
+
+def test_quantize_static_same_inputs_give_same_artifact(tiny_bert, texts_file, tmp_path):
+    target = write_target(tmp_path, "static", quantize__mode="static")
+    files = []
+    for run in ("one", "two"):
+        manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file,
+                         artifacts_dir=tmp_path / run / "a", cache_dir=tmp_path / run / "c")  # fmt: skip
+        published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
+        files.append({k: v for k, v in published["files"].items() if k != "report.json"})
+        assert published["stages"]["quantize"]["config"]["calibration_sha256"]
+    assert files[0] == files[1]
+
+
+def test_calibration_reader_streams_fixed_width_batches(fused):
+    from pipeline.quantize import calibration_reader
+
+    manifest, target = fused
+    model = candidate_model(manifest, target)
+    reader = calibration_reader(model, SMALL_TEXTS, 5)
+    assert len(reader) == 3
+    widths = {feeds["input_ids"].shape[1] for feeds in iter(reader.get_next, None)}
+    assert len(widths) == 1  # every batch padded to one length
+    reader.set_range(1, 2)
+    assert reader.get_next()["input_ids"].shape[0] == 5 and reader.get_next() is None
