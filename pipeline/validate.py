@@ -135,8 +135,6 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list[str]):
                 mode = checkpoint.pooling["mode"]
                 vector = hidden[0] if mode == "cls" else hidden.max(0).values if mode == "max" else hidden.mean(0)
                 outputs.append(vector.numpy())
-            elif checkpoint.task == "token-classification":
-                outputs.append(out.logits[0].numpy())
             else:
                 outputs.append(out.logits[0].numpy())
     return outputs if checkpoint.task == "token-classification" else np.stack(outputs)
