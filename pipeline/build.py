@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from pipeline import checkpoint, export, faults, optimize, publish, quantize, tune, validate
+from pipeline import checkpoint, engine, export, faults, optimize, precision, publish, quantize, tune, validate
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
 from pipeline.errors import InputError, TargetError
 from pipeline.manifest import Manifest
@@ -23,8 +23,10 @@ STAGES = (
     ("export", export.run),
     ("optimize", optimize.run),
     ("quantize", quantize.run),
+    ("fp16", precision.run),
     ("validate", validate.run),
     ("tune", tune.run),
+    ("engine", engine.run),
     ("publish", publish.run),
 )
 
@@ -55,6 +57,8 @@ def build(
     given, is called with each StageRecord as it finishes.
     """
     spec = load_target(target, Path(targets_dir))
+    if spec.engine == "tensorrt" and spec.device != "gpu":
+        raise TargetError(f'target {spec.name}: engine tensorrt needs device = "gpu"')
     if not spec.supported:
         raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
     if model is None:

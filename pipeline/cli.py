@@ -46,6 +46,8 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
 
     def show(record) -> None:
         state = "reused" if record.reused else "built"
+        if record.metrics.get("status") == "pending":
+            state = "pending"
         click.echo(f"  {record.name:<11} {state:<7} {record.seconds:8.2f}s")
 
     try:
@@ -58,6 +60,9 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
         click.echo(f"unchanged: {published['path']} already holds this build ({published['version']})")
     else:
         click.echo(f"published {published['path']}")
+    engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
+    if engine and engine["status"] == "pending":
+        click.echo(f"engine pending: {engine['reason']}; every other stage is published")
     validation_metrics = manifest.stage("validate").metrics
     shown = {k: round(v, 4) for k, v in validation_metrics.items() if isinstance(v, float)}
     click.echo(f"validation: {json.dumps(shown)}")

@@ -79,10 +79,15 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     return {
         "files": {k: v for k, v in files.items() if k != "report.json"},
         "model": export.metrics["spec"],
-        "session": {**dataclasses.asdict(target.runtime), **manifest.stage("tune").metrics["best"]},
+        "session": {**dataclasses.asdict(target.runtime), **_tuned(manifest)},
+        "engine": next((r.metrics for r in manifest.stages if r.name == "engine"), None),
         "target_spec": target.to_dict(),
         "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
     }
+
+
+def _tuned(manifest: Manifest) -> dict:
+    return next((r.metrics["best"] for r in manifest.stages if r.name == "tune"), {})
 
 
 def _existing(model_root: Path, target: str, content_id: str) -> str | None:
@@ -120,6 +125,7 @@ def _write_staging(
         "files": files,
         "model": content["model"],
         "session": content["session"],
+        "engine": content["engine"],
         "target_spec": content["target_spec"],
         "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
         "stages": content["stages"],

@@ -323,3 +323,20 @@ def describe(path) -> dict:
         "validation": manifest["validation"],
         "verified": True,
     }
+
+
+def engine_cache_key(compute_capability: str, tensorrt_version: str, profile_hash: str) -> str:
+    """The name of a TensorRT engine in an artifact's engine cache: engines are tied to the GPU architecture
+    and the TensorRT version, and to the optimization profiles they were built for."""
+    return f"sm{compute_capability.replace('.', '')}-trt{tensorrt_version}-{profile_hash}"
+
+
+def check_engine(engine: dict, compute_capability: str, tensorrt_version: str) -> None:
+    """Refuse an engine built for another GPU architecture or TensorRT version, naming both."""
+    built = (engine.get("compute_capability"), engine.get("tensorrt"))
+    if built != (compute_capability, tensorrt_version):
+        raise ArtifactError(
+            f"the TensorRT engine was built for compute capability {built[0]} with TensorRT {built[1]}, but this "
+            f"host has compute capability {compute_capability} with TensorRT {tensorrt_version}; rebuild it here "
+            "with `pipeline engine ARTIFACT`, or load with the ONNX Runtime fallback"
+        )

@@ -26,6 +26,7 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
 OVERLONG = ("truncate", "refuse")
+HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,25 @@ class Accuracy:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorRT:
+    """TensorRT engine settings. Precision comes from the graph (fp16 weights, or Q/DQ nodes), not builder flags,
+    as TensorRT 11 requires. Profiles are (min, opt, max) batch and sequence; 0 for a sequence means the
+    model's limit."""
+
+    compute_capability: str = ""
+    min_batch: int = 1
+    opt_batch: int = 8
+    max_batch: int = 32
+    min_sequence: int = 1
+    opt_sequence: int = 128
+    max_sequence: int = 0
+    workspace_mb: int = 4096
+    builder_optimization_level: int = 3
+    hardware_compatibility: str = "none"
+    timing_cache: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     """One hardware target, as read from `targets/<name>.toml`."""
 
@@ -118,6 +138,7 @@ class Target:
     shapes: Shapes = Shapes()
     runtime: Runtime = Runtime()
     accuracy: Accuracy = Accuracy()
+    tensorrt: TensorRT = TensorRT()
 
     def to_dict(self) -> dict:
         """A JSON-ready copy, used in cache keys and manifests."""
@@ -146,6 +167,7 @@ _CHOICES = {
     ("quantize", "format"): QUANT_FORMATS,
     ("quantize", "calibration_method"): CALIBRATION_METHODS,
     ("shapes", "overlong"): OVERLONG,
+    ("tensorrt", "hardware_compatibility"): HARDWARE_COMPATIBILITY,
     ("runtime", "graph_optimization_level"): GRAPH_LEVELS,
     ("runtime", "execution_mode"): EXECUTION_MODES,
     ("runtime", "candidate_execution_modes"): EXECUTION_MODES,

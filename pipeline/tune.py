@@ -54,7 +54,9 @@ def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:
-    """Time the target's session candidates on this host and record the fastest."""
+    """Time the target's session candidates on this host and record the fastest (CPU targets only)."""
+    if target.device != "cpu":
+        return manifest
     texts = read_texts(manifest.validation_path, "validation")
     flags = ",".join(sorted(cpu_flags() or ()))
     host = hashlib.sha256(f"{os.cpu_count()}|{flags}".encode()).hexdigest()
