@@ -1,5 +1,6 @@
 # make build [TARGET=cpu-avx2] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
 # make test | make lint | make bench (builds first if needed)
+# make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,18 +10,25 @@ MODEL ?=
 NAME ?=
 CALIBRATION ?=
 PYTEST_ARGS ?=
+TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration clean
+.PHONY: build test lint format bench bench-calibration tiny clean
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target $(TARGET) $(if $(MODEL),--model $(MODEL)) $(if $(NAME),--name $(NAME)) $(if $(CALIBRATION),--calibration $(CALIBRATION))
 
+# The artifact's name: NAME, else the checkpoint folder's name (as `pipeline build` derives it), else the default.
+ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename $(MODEL) | tr A-Z a-z),all-minilm-l6-v2))/latest/$(TARGET)
+
 bench: build
-	$(BIN)/python -m pipeline bench artifacts/$(or $(NAME),all-minilm-l6-v2)/latest/$(TARGET)
+	$(BIN)/python -m pipeline bench $(ARTIFACT)
 
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
-	$(BIN)/python -m pipeline bench artifacts/$(or $(NAME),all-minilm-l6-v2)/latest/$(TARGET) --calibration-memory 1000,10000
+	$(BIN)/python -m pipeline bench $(ARTIFACT) --calibration-memory 1000,10000
+
+tiny: $(STAMP)
+	$(BIN)/python -m tests.tiny $(TINY) .cache/tiny-$(TINY)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

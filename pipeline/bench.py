@@ -142,11 +142,17 @@ def bench(
     min_reps: int = 5,
     max_reps: int = 60,
 ) -> dict:
-    """Benchmark an artifact against its other variants; returns the results and writes them to `out_dir`."""
+    """Benchmark an artifact against its other variants; returns the results and writes them to `out_dir`.
+    A decoder artifact gets pipeline.bench_generation's benchmark instead (TTFT and decode tokens/s)."""
     import psutil
 
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
+    if manifest["model"]["task"] == "text-generation":
+        from pipeline.bench_generation import bench_generation
+
+        quick = {"batch_sizes": (1, 8), "new_tokens": 16, "reps": 2} if budget_s < 1 else {}
+        return bench_generation(artifact, out_dir, baseline=baseline, **quick)
     real = artifact.resolve()
     cache_dir = Path(cache_dir or Path(__file__).resolve().parent.parent / ".cache" / "stages")
     threads = os.cpu_count() or 1
@@ -222,7 +228,11 @@ def bench(
 
 
 def markdown(results: dict) -> str:
-    """The results as a Markdown table, ratios against PyTorch eager."""
+    """The results as a Markdown table, ratios against PyTorch eager (or generate, for decoders)."""
+    if "batches" in results:
+        from pipeline.bench_generation import markdown as generation_markdown
+
+        return generation_markdown(results)
     lines = [
         f"# {results['model_name']} {results['version']} {results['target']} ({results['threads']} threads)",
         "",

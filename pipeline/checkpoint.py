@@ -12,7 +12,7 @@ from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.runtime import sha256_file
 from pipeline.targets import Target
-from pipeline.tasks import ARCHITECTURES, TASK_FROM_HEAD, TASKS
+from pipeline.tasks import ARCHITECTURES, DEFAULT_TASK, TASK_FROM_HEAD, TASKS
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -85,7 +85,8 @@ def _max_length(folder: Path, config: dict, target: Target) -> int:
     tok_config = folder / "tokenizer_config.json"
     if tok_config.exists():
         limits.append(int(min(_json(tok_config).get("model_max_length") or 0, 1 << 20)))
-    positions = config.get("max_position_embeddings") or 512
+    # GPT-2 style configs call it n_positions.
+    positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
     # RoBERTa-style position ids start after the padding index.
     limits.append(positions - 2 if config.get("model_type") in ("roberta", "xlm-roberta") else positions)
     limits.append(target.shapes.max_sequence_length)
@@ -123,9 +124,16 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             ),
             None,
         )
-        task = head or "feature-extraction"
+        task = head or DEFAULT_TASK[ARCHITECTURES[model_type].family]
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
+    family = ARCHITECTURES[model_type].family
+    if TASKS[task].family != family:
+        fitting = ", ".join(name for name, t in TASKS.items() if t.family == family)
+        raise InputError(
+            f"{folder}: task {task!r} is for {TASKS[task].family} models, and {model_type} is of the {family} family, "
+            f"whose tasks are: {fitting}. Pass one of those with --task, or a checkpoint of another architecture."
+        )
     if task == "feature-extraction" and pooling is None:
         pooling = {"mode": "mean", "normalize": False}
     checkpoint = Checkpoint(

@@ -125,7 +125,36 @@ def bench(artifact, baseline, cache_dir, out, quick, calibration, method) -> Non
     except PipelineError as err:
         _fail(err)
     click.echo(markdown(results))
-    click.echo(f"wrote {results['written_to']}/bench.json, bench.md, bench.png")
+    written = "bench.json, bench.md" + ("" if "batches" in results else ", bench.png")
+    click.echo(f"wrote {results['written_to']}/{written}")
+
+
+@main.command()
+@click.argument("artifact")
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--temperature", type=float, default=None, help="> 0 samples; 0 is greedy (default: the checkpoint's)")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None, help="makes sampling repeatable")
+@click.option("--stop", multiple=True, help="a string that ends the text (repeatable)")
+def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop) -> None:
+    """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come."""
+    from pipeline.runtime import load
+
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "stop": list(stop)}  # fmt: skip
+    try:
+        model = load(artifact)
+        if not hasattr(model, "stream"):
+            raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
+        # One prompt at a time, so that each one's text streams out whole before the next begins.
+        for event in model.stream(list(prompts), batch_size=1, seed=seed, **settings):
+            click.echo(event.text, nl=False)
+            if event.finish_reason:
+                click.echo(f"\n[{event.finish_reason}]")
+    except PipelineError as err:
+        _fail(err)
 
 
 @main.command()

@@ -8,13 +8,13 @@ Node counts by op type before and after go into the stage's metrics.
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from pathlib import Path
 
 from pipeline.cache import run_cached
 from pipeline.errors import ExportError
 from pipeline.manifest import Manifest
+from pipeline.quiet import silenced
 from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES
 
@@ -33,8 +33,7 @@ def _optimize(source: Path, model_type: str, settings, out: Path) -> dict:
     before = op_counts(source)
     target_file = out / "model.onnx"
     if settings.fusions:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with silenced("onnxruntime.transformers"), silenced():
             optimized = optimize_model(
                 str(source), model_type=model_type, num_heads=0, hidden_size=0, opt_level=settings.level, use_gpu=False
             )

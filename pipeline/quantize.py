@@ -17,21 +17,20 @@ Every candidate tried is recorded in the stage's metrics.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.cache import run_cached
 from pipeline.data import read_texts, texts_digest
-from pipeline.errors import AccuracyError, QuantizationError
+from pipeline.errors import AccuracyError, QuantizationError, TargetError
 from pipeline.manifest import Manifest
+from pipeline.quiet import silenced
 from pipeline.targets import Target, with_headroom
 from pipeline.tasks import TASKS
-from pipeline.validate import candidate_model, compare, failures, measure, runtime_code_digest
+from pipeline.validate import candidate_model, compare, examples, failures, measure, outputs, runtime_code_digest
 
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
@@ -60,7 +59,9 @@ def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_
         feeds = model.feeds(encodings[start : start + batch_size])
         mask = feeds["attention_mask"].astype(bool)
         for name, value in zip(names, session.run(names, feeds), strict=True):
-            value = np.abs(value[mask] if value.ndim == 3 else value)
+            # Padding is left out where the activation has the mask's [batch, sequence] shape (a decoder's LM head
+            # sees the last position only).
+            value = np.abs(value[mask] if value.shape[:2] == mask.shape else value)
             peak = value.reshape(-1, value.shape[-1]).max(0)
             ranges[name] = np.maximum(ranges.get(name, 0.0), peak)
     return ranges
@@ -110,7 +111,7 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
     weight_type = QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8
-    with _Silenced():
+    with silenced():
         try:
             ort_quantize_dynamic(
                 str(source), str(out), per_channel=settings.per_channel, reduce_range=settings.reduce_range,
@@ -122,22 +123,6 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
             )  # fmt: skip
         except Exception as err:  # onnxruntime raises bare Exceptions here
             raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
-
-
-class _Silenced:
-    """onnxruntime.quantization logs advice on the root logger at every call; it is noise in a build's output."""
-
-    def __enter__(self):
-        self.root = logging.getLogger()
-        self.level = self.root.level
-        self.root.setLevel(logging.ERROR)
-        self.warnings = warnings.catch_warnings()
-        self.warnings.__enter__()
-        warnings.simplefilter("ignore")
-
-    def __exit__(self, *exc):
-        self.warnings.__exit__(*exc)
-        self.root.setLevel(self.level)
 
 
 def calibration_reader(model, texts: list[str], batch_size: int):
@@ -183,7 +168,7 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
 
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[settings.calibration_method]  # fmt: skip
-    with _Silenced():
+    with silenced():
         try:
             ort_quantize_static(
                 str(source), str(out), None if ranges_cache.exists() else reader,
@@ -209,7 +194,7 @@ def with_shapes(source: Path, out: Path) -> Path:
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    with _Silenced():
+    with silenced():
         inferred = SymbolicShapeInference.infer_shapes(onnx.load(str(source)), auto_merge=True)
     onnx.save(inferred, str(out))
     return out
@@ -239,9 +224,10 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
     settings = target.quantize
     metric = TASKS[manifest.checkpoint.task].metric
     batch = target.shapes.batch_size
+    new_tokens = target.generation.new_tokens
     fp32_path = manifest.last_model().output("model.onnx")
     fp32 = candidate_model(manifest, target, fp32_path)
-    reference = fp32.run(texts, batch_size=batch)
+    reference = outputs(fp32, texts, metric, batch, new_tokens)
     work = out / "work"
     work.mkdir()
     graph = onnx.load(str(fp32_path), load_external_data=False)
@@ -273,7 +259,7 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
         started = time.perf_counter()
         quantize_one(path, exclude=exclude)
         model = candidate_model(manifest, target, path)
-        stats = measure(model, texts, reference, metric, batch)
+        stats = measure(model, texts, reference, metric, batch, new_tokens)
         missed = failures(stats, gate)
         candidates.append(
             {
@@ -294,11 +280,19 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
                 continue
             path = work / "single.onnx"
             quantize_one(path, only=[node.name])
-            stats = compare(metric, reference, candidate_model(manifest, target, path).run(texts, batch_size=batch))
+            scores = candidate_model(manifest, target, path).run(texts, batch_size=batch)
+            # Decoders are ranked on their next-token logits alone: generating for every node would be slow.
+            if metric == "generation":
+                stats = compare("classification", reference["logits"], scores)
+            else:
+                stats = compare(metric, reference, scores)
             sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
         sensitivity.sort(key=lambda s: -s["error"])
-        for step in FALLBACK_STEPS:
-            if step > min(settings.max_fp32_nodes, len(sensitivity)):
+        # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
+        # fp32 would publish an fp32 graph under an int8 name.
+        limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
+        for step in sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}):
+            if step < 1:
                 break
             exclude = excluded + [s["node"] for s in sensitivity[:step]]
             chosen, missed = attempt(exclude)
@@ -308,8 +302,8 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
     if missed:
         raise AccuracyError(
             f"int8 {manifest.model_name} for {target.name} misses its thresholds on the calibration text even with "
-            f"{candidates[-1]['fp32_nodes']} nodes kept in fp32: {'; '.join(missed)}. Raise quantize.max_fp32_nodes "
-            f"(now {settings.max_fp32_nodes}) or build a fp32 target."
+            f"{candidates[-1]['fp32_nodes']} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
+            f"Raise quantize.max_fp32_nodes (now {settings.max_fp32_nodes}) or build an fp32 target (cpu-fp32)."
         )
     chosen.rename(out / "model.onnx")
     shutil.rmtree(work)
@@ -335,7 +329,14 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     settings = target.quantize
     if settings.mode == "none":
         return manifest
+    task = manifest.checkpoint.task
+    if task == "text-generation" and settings.mode == "static":
+        raise TargetError(
+            f"target {target.name} asks for static int8, which this pipeline does not do for decoders (their "
+            "activation ranges move with the cache length); use a dynamic target such as cpu-avx2"
+        )
     texts = read_texts(manifest.calibration_path, "calibration")[: settings.calibration_examples]
+    texts = examples(texts, task, target.generation)
     config = {
         "mode": settings.mode,
         "settings": target.to_dict()["quantize"],
@@ -345,6 +346,8 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "onnxruntime": onnxruntime.__version__,
         "runtime": runtime_code_digest(),
     }
+    if task == "text-generation":
+        config["generation"] = target.to_dict()["generation"]
     source = manifest.last_model()
     record = run_cached(
         manifest.cache_dir,

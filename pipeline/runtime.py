@@ -124,61 +124,73 @@ def verify_artifact(path: Path) -> dict:
     return manifest
 
 
+def open_tokenizer(path: Path):
+    """The artifact's Rust tokenizer, with padding and truncation off (the runtime pads and truncates itself)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def open_session(onnx_path: Path, session: dict | None, providers=None):
+    """An ONNX Runtime session with the artifact's session settings (threads, graph level, execution mode)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    session = session or {}
+    options.intra_op_num_threads = int(session.get("intra_op_threads", 0))
+    options.inter_op_num_threads = int(session.get("inter_op_threads", 1))
+    level = session.get("graph_optimization_level", "all")
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL"))
+    if not session.get("allow_spinning", True):
+        # Idle pool threads otherwise spin for a while after each run, taking cores from whatever runs next.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if session.get("execution_mode") == "parallel":
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
+
+
+def check_texts(texts, call: str, pairs: bool = False) -> list:
+    """A list of strings (or, with `pairs`, of (text, text_pair) tuples), else an InputError naming the fix."""
+    if isinstance(texts, str):
+        raise InputError(f"{call} takes a list of strings, got a single str; wrap it: model.{call[:-2]}([text])")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise InputError(f"{call} takes a list of strings, got {type(texts).__name__}") from None
+    if not texts:
+        raise InputError(f"{call} got an empty list; pass at least one string")
+    for i, text in enumerate(texts):
+        if pairs and isinstance(text, tuple) and len(text) == 2 and all(isinstance(t, str) for t in text):
+            continue  # a (text, text_pair) pair, for pair classifiers
+        if not isinstance(text, str):
+            raise InputError(f"{call} input {i} is {type(text).__name__}, not str; pass text only")
+    return texts
+
+
 class Model:
     """A loaded model: a tokenizer and an ONNX Runtime session, with the task's input and output handling."""
 
     def __init__(self, onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
         import numpy as np
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         self._np = np
         self.spec = spec
         self.task = spec["task"]
         self.max_length = int(spec["max_length"])
         self.batch_size = int(spec["batch_size"])
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        self.tokenizer.no_padding()
+        self.tokenizer = open_tokenizer(tokenizer_path)
         if spec["overlong"] == "truncate":
             self.tokenizer.enable_truncation(self.max_length)
-        else:
-            self.tokenizer.no_truncation()
-        options = ort.SessionOptions()
-        session = session or {}
-        options.intra_op_num_threads = int(session.get("intra_op_threads", 0))
-        options.inter_op_num_threads = int(session.get("inter_op_threads", 1))
-        level = session.get("graph_optimization_level", "all")
-        options.graph_optimization_level = getattr(
-            ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL")
-        )
-        if not session.get("allow_spinning", True):
-            # Idle pool threads otherwise spin for a while after each run, taking cores from whatever runs next.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if session.get("execution_mode") == "parallel":
-            options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
+        self.session = open_session(onnx_path, session, providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = spec["output"]
 
-    def _check_texts(self, texts) -> list[str]:
-        if isinstance(texts, str):
-            raise InputError("run() takes a list of strings, got a single str; wrap it: model.run([text])")
-        try:
-            texts = list(texts)
-        except TypeError:
-            raise InputError(f"run() takes a list of strings, got {type(texts).__name__}") from None
-        if not texts:
-            raise InputError("run() got an empty list; pass at least one string")
-        for i, text in enumerate(texts):
-            if isinstance(text, tuple) and len(text) == 2 and all(isinstance(t, str) for t in text):
-                continue  # a (text, text_pair) pair, for pair classifiers
-            if not isinstance(text, str):
-                raise InputError(f"run() input {i} is {type(text).__name__}, not str; pass text only")
-        return texts
-
     def encode(self, texts) -> list:
         """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
-        texts = self._check_texts(texts)
+        texts = check_texts(texts, "run()", pairs=True)
         encodings = self.tokenizer.encode_batch(texts)
         for i, enc in enumerate(encodings):
             if len(enc.ids) > self.max_length:
@@ -244,6 +256,15 @@ class Model:
         return np.stack(results)
 
 
+def open_model(onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
+    """The runtime object for a graph: a Generator (pipeline.generation) for text generation, else a Model."""
+    if spec["task"] == "text-generation":
+        from pipeline.generation import Generator
+
+        return Generator(onnx_path, tokenizer_path, spec, providers, session)
+    return Model(onnx_path, tokenizer_path, spec, providers, session)
+
+
 # ONNX Runtime picks its int8 kernels by these flags at run time, so int8 results can differ between hosts.
 INT8_KERNEL_FLAGS = ("avx512_vnni", "avx_vnni", "avx512bw", "amx_int8")
 
@@ -278,8 +299,10 @@ def _check_host(manifest: dict, strict: bool) -> None:
     warnings.warn(message, HostMismatchWarning, stacklevel=3)
 
 
-def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None) -> Model:
-    """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one).
+def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None):
+    """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one):
+    a Model (`run`) for encoder tasks, a pipeline.generation.Generator (`generate`, `stream`, `run`) for text
+    generation.
 
     Every file's sha256 is checked against the manifest first. A host without the target's CPU flags gives a
     HostMismatchWarning, or an ArtifactError with `strict=True`.
@@ -294,7 +317,7 @@ def load(path, strict: bool = False, providers=None, intra_op_threads: int | Non
     real = root.resolve()
     try:
         _check_host(manifest, strict)
-        return Model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
+        return open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ArtifactError(
             f"{real / MANIFEST_NAME}: its target, session or model settings are invalid ({err!r})"

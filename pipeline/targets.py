@@ -100,6 +100,22 @@ class Accuracy:
     top1_agreement: float | None = None
     max_probability_diff: float | None = None
     max_abs_diff: float | None = None
+    # Decoders: the share of held-out prompts whose greedy continuation equals transformers' generate token for
+    # token (1.0: every prompt). Their next-token logits are held to top1_agreement and the max_* thresholds.
+    greedy_match: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """How decoder (text-generation) builds are validated and timed."""
+
+    # Greedy tokens generated per held-out prompt and compared with transformers' generate(do_sample=False).
+    new_tokens: int = 32
+    # At most this many prompts are taken from the validation (and calibration) text: generation is slow.
+    prompts: int = 32
+    # Time to first token and decode tokens/s are measured at these batch sizes, against PyTorch generate.
+    speed_batch_sizes: tuple[int, ...] = (1, 8)
+    speed_new_tokens: int = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +154,7 @@ class Target:
     shapes: Shapes = Shapes()
     runtime: Runtime = Runtime()
     accuracy: Accuracy = Accuracy()
+    generation: Generation = Generation()
     tensorrt: TensorRT = TensorRT()
 
     def to_dict(self) -> dict:

@@ -16,7 +16,8 @@ class Task:
     name: str
     auto_class: str
     output: str
-    metric: str  # "embedding" | "classification" | "token-classification"
+    metric: str  # "embedding" | "classification" | "token-classification" | "generation"
+    family: str  # the architecture family that can serve it: "encoder" | "decoder"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Architecture:
     """A model family (config.json's model_type) and what the export and optimizer need to know of it."""
 
     model_type: str
-    family: str  # "encoder"
+    family: str  # "encoder" | "decoder" (causal LM, exported with a KV cache)
     ort_model_type: str  # onnxruntime.transformers.optimizer model_type
     token_type_ids: bool
 
@@ -32,9 +33,10 @@ class Architecture:
 TASKS = {
     t.name: t
     for t in (
-        Task("feature-extraction", "AutoModel", "sentence_embedding", "embedding"),
-        Task("sequence-classification", "AutoModelForSequenceClassification", "logits", "classification"),
-        Task("token-classification", "AutoModelForTokenClassification", "logits", "token-classification"),
+        Task("feature-extraction", "AutoModel", "sentence_embedding", "embedding", "encoder"),
+        Task("sequence-classification", "AutoModelForSequenceClassification", "logits", "classification", "encoder"),
+        Task("token-classification", "AutoModelForTokenClassification", "logits", "token-classification", "encoder"),
+        Task("text-generation", "AutoModelForCausalLM", "logits", "generation", "decoder"),
     )
 }
 
@@ -45,6 +47,12 @@ ARCHITECTURES = {
         Architecture("roberta", "encoder", "bert", False),
         Architecture("distilbert", "encoder", "bert", False),
         Architecture("electra", "encoder", "bert", True),
+        # Decoders: ORT's GPT-2 optimizer fuses their norms (LayerNorm, RMSNorm as SimplifiedLayerNormalization,
+        # with the residual Add as Skip*) and Gelu; it finds no attention with a KV cache in these graphs.
+        Architecture("gpt2", "decoder", "gpt2", False),
+        Architecture("llama", "decoder", "gpt2", False),
+        Architecture("qwen2", "decoder", "gpt2", False),
+        Architecture("gpt_neox", "decoder", "gpt2", False),
     )
 }
 
@@ -52,4 +60,9 @@ ARCHITECTURES = {
 TASK_FROM_HEAD = {
     "ForSequenceClassification": "sequence-classification",
     "ForTokenClassification": "token-classification",
+    "ForCausalLM": "text-generation",
+    "LMHeadModel": "text-generation",
 }
+
+# The task of a checkpoint that names no head: what its family is built for.
+DEFAULT_TASK = {"encoder": "feature-extraction", "decoder": "text-generation"}

@@ -1,7 +1,8 @@
 """Stage: tune the ONNX Runtime session on the build host.
 
 Times the validated graph under each candidate thread count and execution mode of the target, at batch 1 and at
-the target's batch size, alternating candidates run by run, and records the fastest; the loader uses it unless
+the target's batch size (decoders: a short greedy generation at the target's generation batch sizes),
+alternating candidates run by run, and records the fastest; the loader uses it unless
 the caller overrides. Cached per graph and host (CPU flags and core count), since the answer is the host's.
 """
 
@@ -17,10 +18,11 @@ import time
 from pipeline.cache import run_cached
 from pipeline.data import read_texts
 from pipeline.manifest import Manifest
-from pipeline.runtime import Model, cpu_flags
+from pipeline.runtime import cpu_flags, open_model
 from pipeline.targets import Target
 
 REPS = 5
+DECODE_STEPS = 8
 
 
 def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
@@ -31,18 +33,32 @@ def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     modes = target.runtime.candidate_execution_modes or (target.runtime.execution_mode,)
     candidates = [{"intra_op_threads": t, "execution_mode": m} for t, m in itertools.product(threads, modes)]
     models = [
-        Model(path, export.output("tokenizer.json"), export.metrics["spec"], session={**base, **c}) for c in candidates
+        open_model(path, export.output("tokenizer.json"), export.metrics["spec"], session={**base, **c})
+        for c in candidates
     ]
-    workloads = {"batch_1": texts[:1], f"batch_{target.shapes.batch_size}": texts[: target.shapes.batch_size]}
+    if export.metrics["spec"]["task"] == "text-generation":
+        sizes = target.generation.speed_batch_sizes
+
+        # A short greedy generation: one prompt step and DECODE_STEPS - 1 single-token steps.
+        def work(model, batch):
+            return model.generate(batch, max_new_tokens=DECODE_STEPS, do_sample=False, eos=False)
+
+    else:
+        sizes = (1, target.shapes.batch_size)
+
+        def work(model, batch):
+            return model.run(batch)
+
+    workloads = {f"batch_{n}": texts[:n] for n in sizes}
     tried = [{**c, "ms": {}} for c in candidates]
     for name, batch in workloads.items():
         for model in models:
-            model.run(batch)  # warm-up
+            work(model, batch)  # warm-up
         times = [[] for _ in models]
         for _ in range(REPS):
             for index, model in enumerate(models):
                 started = time.perf_counter()
-                model.run(batch)
+                work(model, batch)
                 times[index].append((time.perf_counter() - started) * 1000)
         for entry, values in zip(tried, times, strict=True):
             entry["ms"][name] = statistics.median(values)
@@ -66,6 +82,8 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "batch_size": target.shapes.batch_size,
         "host": host,
     }
+    if manifest.checkpoint.task == "text-generation":
+        config["generation_batch_sizes"] = list(target.generation.speed_batch_sizes)
     record = run_cached(
         manifest.cache_dir,
         "tune",

@@ -1,8 +1,4 @@
-"""Shared fixtures: tiny random checkpoints made with save_pretrained, and tiny targets.
-
-The tiny models borrow the real MiniLM tokenizer (so text tokenizes into real word pieces) and have random
-weights of a few hundred thousand parameters, so a whole build takes seconds.
-"""
+"""Shared fixtures: tiny random checkpoints (made by tests/tiny.py), their published artifacts, tiny targets."""
 
 from __future__ import annotations
 
@@ -13,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import default_checkpoint
+from .tiny import make_checkpoint, make_decoder
 
 REPO = Path(__file__).resolve().parent.parent
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-HEADS = {
-    "feature-extraction": "AutoModel",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-}
 SMALL_TEXTS = [
     "The cat sat on the mat.",
     "A cat was sitting on the mat.",
@@ -38,43 +28,23 @@ SMALL_TEXTS = [
 ]
 
 
-def tiny_config(model_type: str, task: str):
-    """A small random config of the family; classifier heads get three labels."""
-    from transformers import AutoConfig
-
-    common = {"vocab_size": 30522, "max_position_embeddings": 128}
-    sizes = {
-        "bert": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64},
-        "electra": {
-            "hidden_size": 32, "embedding_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 64,
-        },
-        "roberta": {
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
-            "pad_token_id": 0, "max_position_embeddings": 130, "type_vocab_size": 1,
-        },
-        "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "pad_token_id": 0},
-    }[model_type]  # fmt: skip
-    config = AutoConfig.for_model(model_type, **{**common, **sizes})
-    if task != "feature-extraction":
-        config.num_labels = 3
-        config.id2label = {0: "neg", 1: "neu", 2: "pos"}
-        config.label2id = {v: k for k, v in config.id2label.items()}
-    return config
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """A tiny random GPT-2 with its own BPE tokenizer."""
+    return make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-gpt2", "gpt2")
 
 
-def make_checkpoint(folder: Path, model_type: str = "bert", task: str = "feature-extraction", seed: int = 0) -> Path:
-    """Save a tiny random checkpoint of `model_type` for `task` into `folder`."""
-    import torch
-    import transformers
+@pytest.fixture(scope="session")
+def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
+    """The tiny GPT-2 built for cpu-avx2 (dynamic int8), once per session. Copy it before changing it."""
+    from pipeline.build import build
 
-    torch.manual_seed(seed)
-    config = tiny_config(model_type, task)
-    model = getattr(transformers, HEADS[task]).from_config(config)
-    model.eval().save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(default_checkpoint() / name, folder / name)
-    return folder
+    root = tmp_path_factory.mktemp("published-gpt2")
+    manifest = build(
+        tiny_gpt2, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
+        validation=texts_file, calibration=texts_file,
+    )  # fmt: skip
+    return Path(manifest.published["path"])
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from pipeline.build import STAGES, build
 from pipeline.errors import AccuracyError, InputError, TargetError
 from pipeline.runtime import load
 
-from .conftest import make_checkpoint, write_target
+from .conftest import write_target
+from .tiny import make_checkpoint
 
 
 def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):

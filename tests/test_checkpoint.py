@@ -9,7 +9,7 @@ from pipeline.errors import InputError
 from pipeline.manifest import Manifest
 from pipeline.targets import load_target
 
-from .conftest import make_checkpoint
+from .tiny import make_checkpoint
 
 
 def _run(folder, task=None):
@@ -48,12 +48,26 @@ def test_run_refuses_folder_without_config(tmp_path):
 
 
 def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
-    folder = tmp_path / "gpt"
+    folder = tmp_path / "t5"
     shutil.copytree(tiny_bert, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    with pytest.raises(InputError, match=r"architecture 'gpt2' is not supported; supported: bert, distilbert"):
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
+    with pytest.raises(InputError, match=r"architecture 't5' is not supported; supported: bert, distilbert, electra"):
         _run(folder)
+
+
+def test_run_picks_text_generation_for_a_causal_lm(tiny_gpt2):
+    info = _run(tiny_gpt2)
+    assert info.task == "text-generation" and info.model_type == "gpt2" and info.pooling is None
+    assert info.max_length == 256  # config.json's n_positions
+
+
+def test_run_refuses_a_task_of_the_other_family(tiny_gpt2, tiny_bert):
+    with pytest.raises(InputError, match=r"task 'feature-extraction' is for encoder models, and gpt2 is of the "
+                                         r"decoder family, whose tasks are: text-generation"):  # fmt: skip
+        _run(tiny_gpt2, task="feature-extraction")
+    with pytest.raises(InputError, match=r"task 'text-generation' is for decoder models"):
+        _run(tiny_bert, task="text-generation")
 
 
 def test_run_refuses_missing_weights(tmp_path, tiny_bert):

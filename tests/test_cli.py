@@ -15,7 +15,7 @@ def test_cli_targets_lists_every_target():
     out = _cli("targets")
     assert out.returncode == 0
     names = [line.split()[0] for line in out.stdout.splitlines()]
-    assert names == ["a100", "cpu-avx2", "cpu-avx2-static", "cpu-avx512", "h100", "l4"]
+    assert names == ["a100", "cpu-avx2", "cpu-avx2-static", "cpu-avx512", "cpu-fp32", "h100", "l4"]
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,20 @@ def test_cli_inspect_refuses_tampered_artifact(artifact_copy):
     (artifact_copy / "tokenizer.json").write_text("{}")
     out = _cli("inspect", str(artifact_copy))
     assert out.returncode == 7 and "tokenizer.json does not match its sha256" in out.stderr
+
+
+def test_cli_generate_streams_each_prompts_text_then_its_end(published_gpt2):
+    from pipeline.runtime import load
+
+    expected = load(published_gpt2).generate(["The cat sat", "How do I"], max_new_tokens=12)
+    out = _cli("generate", str(published_gpt2), "The cat sat", "How do I", "--max-new-tokens", "12")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "".join(f"{c.text}\n[{c.finish_reason}]\n" for c in expected)
+
+
+def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, published_gpt2):
+    out = _cli("generate", str(published), "hello")
+    assert out.returncode == 1
+    assert "is a feature-extraction artifact; generate needs a text-generation one" in out.stderr
+    out = _cli("generate", str(published_gpt2), "hello", "--top-p", "2")
+    assert out.returncode == 3 and "top_p=2.0 must be in (0, 1]" in out.stderr

@@ -6,7 +6,7 @@ from pipeline import checkpoint, export, optimize
 from pipeline.manifest import Manifest
 from pipeline.targets import load_target
 
-from .conftest import make_checkpoint
+from .tiny import make_checkpoint
 
 LAYERS = 2  # the tiny checkpoints' depth
 

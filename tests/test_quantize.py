@@ -7,13 +7,14 @@ import pytest
 
 from pipeline import checkpoint, export, optimize
 from pipeline.build import build
-from pipeline.errors import AccuracyError
+from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.quantize import activation_absmax, quantizable_nodes, smooth
 from pipeline.targets import load_target
 from pipeline.validate import candidate_model
 
 from .conftest import SMALL_TEXTS, write_target
+from .tiny import make_decoder
 
 
 @pytest.fixture
@@ -69,8 +70,34 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, text
 
 def test_quantize_raises_when_fallback_budget_is_spent(tiny_bert, texts_file, build_dirs, tmp_path):
     strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-9, quantize__max_fp32_nodes=2)
-    with pytest.raises(AccuracyError, match="even with 2 nodes kept in fp32"):
+    with pytest.raises(AccuracyError, match="even with 2 of 8 quantizable nodes kept in fp32"):
         build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+    assert not list(build_dirs["artifacts_dir"].rglob("model.onnx"))
+
+
+def test_quantize_fallback_keeps_one_node_int8_at_least(tiny_bert, texts_file, build_dirs, tmp_path):
+    strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-12, quantize__max_fp32_nodes=64)
+    with pytest.raises(AccuracyError, match=r"even with 7 of 8 quantizable nodes kept in fp32.*\(cpu-fp32\)"):
+        build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+
+
+def test_quantize_decoder_falls_back_until_every_greedy_continuation_matches(texts_file, build_dirs, tmp_path):
+    folder = make_decoder(tmp_path / "tiny-llama", "llama")
+    manifest = build(folder, "cpu-avx2", validation=texts_file, calibration=texts_file, **build_dirs)
+    metrics = manifest.stage("quantize").metrics
+    first, last = metrics["candidates"][0], metrics["candidates"][-1]
+    assert first["greedy_match"] < 1.0 and not first["passed"]  # a random tiny LM's logits are nearly flat
+    assert last["greedy_match"] == 1.0 and last["passed"] and metrics["quantized_nodes"] >= 1
+    errors = [s["error"] for s in metrics["sensitivity"]]
+    assert errors == sorted(errors, reverse=True)
+    assert manifest.stage("validate").metrics["greedy_match"] == 1.0
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+
+
+def test_quantize_refuses_static_int8_for_decoders(tiny_gpt2, texts_file, build_dirs):
+    with pytest.raises(TargetError, match="static int8, which this pipeline does not do for decoders"):
+        build(tiny_gpt2, "cpu-avx2-static", validation=texts_file, calibration=texts_file, **build_dirs)
     assert not list(build_dirs["artifacts_dir"].rglob("model.onnx"))
 
 

@@ -22,10 +22,13 @@ def _edit_manifest(folder, change, reseal=True):
     path.write_text(json.dumps(manifest))
 
 
-def test_runtime_imports_no_heavy_packages(published):
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_runtime_imports_no_heavy_packages(kind, request):
+    published = request.getfixturevalue("published" if kind == "encoder" else "published_gpt2")
+    use = "m.run(['hello there'])" if kind == "encoder" else "list(m.stream(['hello there'], max_new_tokens=4))"
     code = (
         "import sys; from pipeline.runtime import load; "
-        f"m = load({str(published)!r}); m.run(['hello there']); "
+        f"m = load({str(published)!r}); {use}; "
         "heavy = ('torch', 'transformers', 'onnx', 'optimum', 'sentence_transformers'); "
         "print(sorted(k for k in heavy if k in sys.modules))"
     )

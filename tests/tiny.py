@@ -1,0 +1,136 @@
+"""Tiny random checkpoints, saved with save_pretrained: what the tests build and what `make tiny` writes.
+
+    python -m tests.tiny gpt2 .cache/tiny-gpt2        # then: make build MODEL=.cache/tiny-gpt2
+
+The tiny encoders borrow the real MiniLM tokenizer (so text tokenizes into real word pieces); the tiny decoders
+get a byte-level BPE tokenizer of 512 tokens trained here on data/calibration.txt, wrapped in each family's
+transformers tokenizer class. All have random weights of a few hundred thousand parameters, so a whole build
+takes seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from pipeline.checkpoint import default_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+HEADS = {
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+}
+
+
+def tiny_config(model_type: str, task: str):
+    """A small random config of the family; classifier heads get three labels."""
+    from transformers import AutoConfig
+
+    common = {"vocab_size": 30522, "max_position_embeddings": 128}
+    sizes = {
+        "bert": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64},
+        "electra": {
+            "hidden_size": 32, "embedding_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 64,
+        },
+        "roberta": {
+            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+            "pad_token_id": 0, "max_position_embeddings": 130, "type_vocab_size": 1,
+        },
+        "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "pad_token_id": 0},
+    }[model_type]  # fmt: skip
+    config = AutoConfig.for_model(model_type, **{**common, **sizes})
+    if task != "feature-extraction":
+        config.num_labels = 3
+        config.id2label = {0: "neg", 1: "neu", 2: "pos"}
+        config.label2id = {v: k for k, v in config.id2label.items()}
+    return config
+
+
+def make_checkpoint(folder: Path, model_type: str = "bert", task: str = "feature-extraction", seed: int = 0) -> Path:
+    """Save a tiny random checkpoint of `model_type` for `task` into `folder`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = tiny_config(model_type, task)
+    model = getattr(transformers, HEADS[task]).from_config(config)
+    model.eval().save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(default_checkpoint() / name, folder / name)
+    return folder
+
+
+DECODER_VOCAB = 512
+# Per family: the transformers config class, the tokenizer class, its special tokens, and config settings.
+DECODERS = {
+    "gpt2": ("GPT2Config", "GPT2TokenizerFast", {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+             "unk_token": "<|endoftext|>"},
+             {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 128, "n_positions": 256, "bos_token_id": 0,
+              "eos_token_id": 0}),
+    "llama": ("LlamaConfig", "LlamaTokenizerFast", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": True},
+              {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}),
+    "qwen2": ("Qwen2Config", "Qwen2TokenizerFast", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+              "unk_token": None, "bos_token": None},
+              {"num_key_value_heads": 2, "eos_token_id": 0, "tie_word_embeddings": True}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXTokenizerFast", {"bos_token": "<|endoftext|>",
+                 "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+                 {"rotary_pct": 0.5, "bos_token_id": 0, "eos_token_id": 0}),
+}  # fmt: skip
+_SPECIALS = {"gpt2": ["<|endoftext|>"], "llama": ["<unk>", "<s>", "</s>"], "qwen2": ["<|endoftext|>"],
+             "gpt_neox": ["<|endoftext|>"]}  # fmt: skip
+
+
+def decoder_tokenizer(special_tokens: list[str]):
+    """A byte-level BPE tokenizer of DECODER_VOCAB tokens trained on the calibration text (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=DECODER_VOCAB, special_tokens=special_tokens, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tokenizer.train_from_iterator((REPO / "data" / "calibration.txt").read_text().splitlines(), trainer)
+    return tokenizer
+
+
+def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0) -> Path:
+    """Save a tiny random causal LM of `model_type` (a DECODERS row) with its tokenizer into `folder`."""
+    import torch
+    import transformers
+
+    config_class, tokenizer_class, specials, settings = DECODERS[model_type]
+    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+             "max_position_embeddings": 256}  # fmt: skip
+    config = getattr(transformers, config_class)(**({} if model_type == "gpt2" else small), **settings)
+    config.vocab_size = DECODER_VOCAB
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(folder)
+    tokenizer = getattr(transformers, tokenizer_class)(
+        tokenizer_object=decoder_tokenizer(_SPECIALS[model_type]), **specials
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def main(argv: list[str]) -> None:
+    """`python -m tests.tiny MODEL_TYPE FOLDER`: save a tiny checkpoint (a decoder family, or an encoder)."""
+    if len(argv) != 2:
+        sys.exit(f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: bert, "
+                 "roberta, distilbert, electra")  # fmt: skip
+    model_type, folder = argv
+    if model_type in DECODERS:
+        make_decoder(Path(folder), model_type)
+    else:
+        make_checkpoint(Path(folder), model_type)
+    print(f"saved a tiny random {model_type} to {folder}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
