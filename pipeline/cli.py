@@ -66,6 +66,13 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     validation_metrics = manifest.stage("validate").metrics
     shown = {k: round(v, 4) for k, v in validation_metrics.items() if isinstance(v, float)}
     click.echo(f"validation: {json.dumps(shown)}")
+    for batch, row in (validation_metrics.get("speed") or {}).get("batches", {}).items():
+        mine, torch = row["artifact"], row["pytorch-generate"]
+        click.echo(
+            f"{batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms (PyTorch {torch['ttft_ms']:.1f}), "
+            f"decode {mine['decode_tokens_per_s']:.0f} tokens/s (PyTorch {torch['decode_tokens_per_s']:.0f}, "
+            f"x{mine['decode_speedup']:.2f})"
+        )
     click.echo(f"reused stages: {', '.join(reused) or 'none'}; {published['seconds']:.1f}s in all")
 
 
