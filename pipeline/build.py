@@ -1,6 +1,8 @@
 """The build: one explicit table of stages, run in order over a manifest.
 
-checkpoint -> export -> optimize -> quantize -> validate -> publish
+checkpoint -> export -> optimize -> quantize | fp16 (+ int8_qdq) -> validate -> tune | engine -> publish
+
+A stage the target does not ask for returns the manifest unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ STAGES = (
     ("optimize", optimize.run),
     ("quantize", quantize.run),
     ("fp16", precision.run),
+    ("int8_qdq", quantize.run_int8_qdq),
     ("validate", validate.run),
     ("tune", tune.run),
     ("engine", engine.run),

@@ -66,10 +66,14 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     validation_metrics = manifest.stage("validate").metrics
     shown = {k: round(v, 4) for k, v in validation_metrics.items() if isinstance(v, float)}
     click.echo(f"validation: {json.dumps(shown)}")
+    if "int8_qdq" in validation_metrics:
+        shown = {k: round(v, 4) for k, v in validation_metrics["int8_qdq"].items() if isinstance(v, float)}
+        click.echo(f"validation of model.int8.onnx: {json.dumps(shown)}")
     for batch, row in (validation_metrics.get("speed") or {}).get("batches", {}).items():
         mine, torch = row["artifact"], row["pytorch-generate"]
         click.echo(
-            f"{batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms (PyTorch {torch['ttft_ms']:.1f}), "
+            f"{batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms "
+            f"(PyTorch {torch['ttft_ms']:.1f}), "
             f"decode {mine['decode_tokens_per_s']:.0f} tokens/s (PyTorch {torch['decode_tokens_per_s']:.0f}, "
             f"x{mine['decode_speedup']:.2f})"
         )
@@ -160,6 +164,23 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
             click.echo(event.text, nl=False)
             if event.finish_reason:
                 click.echo(f"\n[{event.finish_reason}]")
+    except PipelineError as err:
+        _fail(err)
+
+
+@main.command()
+@click.argument("artifact")
+@click.option("--graph", "graphs", multiple=True, help="graph to build (default: every graph of the artifact)")
+@click.option("--data", default=None, help="held-out text to validate the engine on (default: data/validation.txt)")
+def engine(artifact, graphs, data) -> None:
+    """Build ARTIFACT's TensorRT engines on this GPU host, into its engine cache, validated against its graphs."""
+    from pipeline.engine import build_artifact_engine
+    from pipeline.runtime import verify_artifact
+
+    try:
+        graphs = graphs or sorted(g for g in verify_artifact(artifact)["files"] if g.endswith(".onnx"))
+        for graph in graphs:
+            click.echo(f"{graph}: engine {build_artifact_engine(artifact, graph, data)}")
     except PipelineError as err:
         _fail(err)
 

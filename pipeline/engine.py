@@ -1,22 +1,38 @@
-"""Stage: engine_from_onnx, for TensorRT targets.
+"""Stage: engine_from_onnx, for TensorRT targets; and `pipeline engine ARTIFACT`, which builds on a GPU host later.
 
-Where TensorRT and a GPU of the target's compute capability are present, the engine is built with the target's
-optimization profiles and recorded; elsewhere (CI, CPU hosts) the stage records the engine as pending, with the
-reason, and every other stage's output is still published. Engines are to be cached by
-(compute capability, TensorRT version, profile hash): see `runtime.engine_cache_key`.
+Precision comes from the graph, not from builder flags (TensorRT 11 removed the FP16/INT8 flags and the INT8
+calibrator): the network is strongly typed, so the fp16 graph's fp16 ops run in fp16 and the ops it keeps in
+fp32 stay fp32, and the int8 graph's Q/DQ nodes say where int8 runs. The builder gets the target's optimization
+profile (min/opt/max batch and sequence per input), workspace, optimization level, hardware compatibility and a
+timing cache kept per (compute capability, TensorRT version), which makes rebuilds fast.
+
+Where TensorRT and a GPU of the target's compute capability are present, the stage builds every published graph's
+engine, validates each against PyTorch on the GPU, and records the GPU, driver, CUDA and TensorRT versions;
+publish puts the engines in the artifact's engine cache (pipeline.tensorrt_runtime). Elsewhere (CI, CPU hosts) it
+records the engine as pending, with the reason, and every other stage's output is still published; `pipeline
+engine ARTIFACT` on a GPU host, or `load(..., build_engine=True)`, builds it there and validates it against the
+artifact's own graph on ONNX Runtime's CPU provider.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
-import shutil
-import subprocess
 import time
+from pathlib import Path
 
-from pipeline.errors import TargetError
+from pipeline.cache import run_cached
+from pipeline.errors import AccuracyError, EngineError, TargetError
 from pipeline.manifest import Manifest, StageRecord
-from pipeline.runtime import canonical_json
-from pipeline.targets import Target
+from pipeline.runtime import canonical_json, open_model, verify_artifact
+from pipeline.targets import Accuracy, Target, TensorRT
+from pipeline.tensorrt_runtime import engine_cache_dir, engine_name, find_engine, gpu_host, write_engine
+
+HARDWARE_COMPATIBILITY = {
+    "none": "NONE",
+    "ampere_plus": "AMPERE_PLUS",
+    "same_compute_capability": "SAME_COMPUTE_CAPABILITY",
+}
 
 
 def profiles(target: Target, spec: dict) -> dict:
@@ -41,48 +57,218 @@ def profile_hash(profile: dict) -> str:
     return hashlib.sha256(canonical_json(profile)).hexdigest()[:16]
 
 
-def gpu_host() -> tuple[dict | None, str]:
-    """(the GPU and TensorRT of this host, "") or (None, why there is none)."""
-    try:
-        import tensorrt
-    except ImportError:
-        return None, "TensorRT is not installed on this host"
-    if shutil.which("nvidia-smi") is None:
-        return None, "no NVIDIA driver (nvidia-smi) on this host"
-    query = ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
-    result = subprocess.run(query, capture_output=True, text=True)
-    if result.returncode != 0 or not result.stdout.strip():
-        return None, "nvidia-smi found no GPU"
-    name, capability, driver = (part.strip() for part in result.stdout.splitlines()[0].split(","))
-    return {"gpu": name, "compute_capability": capability, "driver": driver, "tensorrt": tensorrt.__version__}, ""
+def engine_from_onnx(onnx_path: Path, profile: dict, settings: TensorRT, timing_cache: Path | None) -> bytes:
+    """Build a serialized TensorRT engine of an ONNX graph, strongly typed, with one optimization profile; the
+    timing cache file, if given, is read first and written back after."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    # TensorRT 10 needs the flag for a strongly typed network; TensorRT 11 is always strongly typed.
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise EngineError(f"TensorRT {trt.__version__} could not parse {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_mb << 20)
+    config.builder_optimization_level = settings.builder_optimization_level
+    level = getattr(trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[settings.hardware_compatibility], None)
+    if level is None:
+        raise EngineError(
+            f"TensorRT {trt.__version__} has no hardware compatibility level {settings.hardware_compatibility!r}; "
+            "set [tensorrt] hardware_compatibility to one it has, or upgrade TensorRT"
+        )
+    config.hardware_compatibility_level = level
+    optimization = builder.create_optimization_profile()
+    for name, shapes in profile.items():
+        optimization.set_shape(name, shapes["min"], shapes["opt"], shapes["max"])
+    config.add_optimization_profile(optimization)
+    cache = None
+    if timing_cache is not None:
+        cache = config.create_timing_cache(timing_cache.read_bytes() if timing_cache.is_file() else b"")
+        config.set_timing_cache(cache, False)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise EngineError(f"TensorRT {trt.__version__} failed to build an engine of {onnx_path}; see its log above")
+    if cache is not None:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
+        scratch = timing_cache.with_name(f".{timing_cache.name}.{time.time_ns()}")
+        scratch.write_bytes(bytes(cache.serialize()))
+        scratch.replace(timing_cache)
+    return bytes(plan)
+
+
+def timing_cache_path(folder: Path, host: dict) -> Path:
+    """One timing cache per GPU architecture and TensorRT version."""
+    return Path(folder) / f"timing-sm{host['compute_capability'].replace('.', '')}-trt{host['tensorrt']}.cache"
+
+
+def validate_engine(plan: Path, graph: Path, tokenizer: Path, spec: dict, texts: list, reference, metric: str,
+                    accuracy: Accuracy, batch_size: int) -> dict:  # fmt: skip
+    """Run the engine through the runtime's Model on held-out text; every threshold missed is an AccuracyError."""
+    from pipeline.validate import failures, measure
+
+    model = open_model(graph, tokenizer, spec, engine=plan)
+    stats = measure(model, texts, reference, metric, batch_size)
+    missed = failures(stats, accuracy)
+    if missed:
+        raise AccuracyError(f"the TensorRT engine of {graph.name} misses its thresholds: " + "; ".join(missed))
+    return stats
+
+
+def _host_problem(host: dict | None, reason: str, compute_capability: str) -> str:
+    if host is None:
+        return reason
+    if host["compute_capability"] != compute_capability:
+        return (
+            f"this host's GPU ({host['gpu']}, compute capability {host['compute_capability']}) is not the "
+            f"target's ({compute_capability})"
+        )
+    return ""
+
+
+def _build_engines(manifest: Manifest, target: Target, profile: dict, host: dict, out: Path) -> dict:
+    """Build and validate, against PyTorch, the engine of every graph this build publishes."""
+    from pipeline.data import read_texts
+    from pipeline.tasks import TASKS
+    from pipeline.validate import pytorch_outputs
+
+    export = manifest.stage("export")
+    texts = read_texts(manifest.validation_path, "validation")
+    metric = TASKS[manifest.checkpoint.task].metric
+    reference = pytorch_outputs(manifest.checkpoint, texts)
+    engines = {}
+    for graph, path in manifest.graphs().items():
+        started = time.perf_counter()
+        name = engine_name(host["compute_capability"], host["tensorrt"], profile_hash(profile), graph)
+        plan = engine_from_onnx(path, profile, target.tensorrt, timing_cache_path(Path(manifest.cache_dir), host))
+        (out / f"{name}.plan").write_bytes(plan)
+        stats = validate_engine(
+            out / f"{name}.plan", path, export.output("tokenizer.json"), export.metrics["spec"], texts, reference,
+            metric, target.accuracy, target.shapes.batch_size,
+        )  # fmt: skip
+        engines[graph] = {"name": name, "seconds": round(time.perf_counter() - started, 2), "validation": stats}
+    return {"engines": engines, "validated_against": "pytorch", "examples": len(texts)}
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:
-    """Record the engine's profiles and cache key; build it only where a matching GPU and TensorRT are present."""
+    """Record the engine's profiles and cache key; build the engines where a matching GPU and TensorRT are."""
     if target.engine != "tensorrt":
         return manifest
     started = time.perf_counter()
     spec = manifest.stage("export").metrics["spec"]
+    common = {"compute_capability": target.tensorrt.compute_capability, "graphs": sorted(manifest.graphs())}
+    if spec["task"] == "text-generation":
+        metrics = {
+            **common, "status": "not built", "profiles": None, "profile_hash": None, "tensorrt": None,
+            "reason": "TensorRT engines are not built for KV-cache decoders here; they run on ONNX Runtime's CUDA "
+            "provider",
+        }  # fmt: skip
+        record = StageRecord("engine", "decoder", {}, {}, metrics, round(time.perf_counter() - started, 3), False)
+        return manifest.with_stage(record)
     profile = profiles(target, spec)
     host, reason = gpu_host()
-    if host and host["compute_capability"] != target.tensorrt.compute_capability:
-        reason = (
-            f"this host's GPU ({host['gpu']}, compute capability {host['compute_capability']}) is not the "
-            f"target's ({target.tensorrt.compute_capability})"
-        )
+    reason = _host_problem(host, reason, target.tensorrt.compute_capability)
     metrics = {
-        "status": "pending",
-        "reason": reason,
-        "profiles": profile,
-        "profile_hash": profile_hash(profile),
-        "compute_capability": target.tensorrt.compute_capability,
+        **common, "status": "pending", "reason": reason, "profiles": profile, "profile_hash": profile_hash(profile),
         "tensorrt": host["tensorrt"] if host else None,
-    }
-    if not reason:
-        # Building needs a GPU and has not run on one yet; until it has, the engine stays pending, saying why.
-        metrics["reason"] = "building the engine on a GPU host is not implemented yet"
-    record = StageRecord(
-        name="engine", key=metrics["profile_hash"], config={"tensorrt": target.to_dict()["tensorrt"]},
-        outputs={}, metrics=metrics, seconds=round(time.perf_counter() - started, 3), reused=False,
+    }  # fmt: skip
+    if reason:
+        record = StageRecord(
+            name="engine", key=metrics["profile_hash"], config={"tensorrt": target.to_dict()["tensorrt"]},
+            outputs={}, metrics=metrics, seconds=round(time.perf_counter() - started, 3), reused=False,
+        )  # fmt: skip
+        return manifest.with_stage(record)
+    config = {"tensorrt": target.to_dict()["tensorrt"], "profiles": profile, "host": host}
+    graphs_id = hashlib.sha256(canonical_json(_graph_keys(manifest))).hexdigest()
+    record = run_cached(
+        manifest.cache_dir, "engine", config, graphs_id, target.name,
+        lambda out: {**metrics, **_build_engines(manifest, target, profile, host, out), "status": "built",
+                     "reason": "", "host": host},
     )  # fmt: skip
     return manifest.with_stage(record)
+
+
+def _graph_keys(manifest: Manifest) -> dict:
+    """The cache key of the stage that made each published graph: what the engines are built from."""
+    graphs = manifest.graphs()
+    return {
+        name: r.key for r in manifest.stages for name in r.outputs if name in graphs and r.output(name) == graphs[name]
+    }
+
+
+def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
+    """After publishing: copy the engines the engine stage built into the artifact's engine cache."""
+    record = next((r for r in manifest.stages if r.name == "engine"), None)
+    if record is None or record.metrics.get("status") != "built":
+        return []
+    published = verify_artifact(artifact)
+    cache_dir = engine_cache_dir(artifact, published)
+    names = []
+    for graph, built in record.metrics["engines"].items():
+        entry = _record(published, graph, record.metrics["host"], record.metrics["profiles"], built["validation"])
+        write_engine(cache_dir, built["name"], record.output(f"{built['name']}.plan").read_bytes(), entry)
+        names.append(built["name"])
+    return names
+
+
+def _record(published: dict, graph: str, host: dict, profile: dict, validation: dict) -> dict:
+    return {
+        "graph": graph,
+        "graph_sha256": published["files"][graph],
+        "artifact": f"{published['model_name']}/{published['version']}/{published['target']}",
+        "profiles": profile,
+        "profile_hash": published["engine"]["profile_hash"],
+        **host,
+        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "validation": validation,
+    }
+
+
+def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data: str | Path | None = None) -> Path:
+    """Build one graph's engine of a published artifact on this GPU host, into its engine cache, validated against
+    the artifact's graph on ONNX Runtime's CPU provider; returns the engine's path (an existing one is reused)."""
+    from pipeline.data import DEFAULT_VALIDATION, read_texts
+    from pipeline.tasks import TASKS
+    from pipeline.validate import outputs
+
+    artifact = Path(artifact)
+    published = verify_artifact(artifact)
+    engine = published.get("engine") or {}
+    if engine.get("profiles") is None:
+        raise EngineError(f"{artifact} is not a TensorRT target's artifact with engine profiles; nothing to build")
+    if graph not in published["files"]:
+        graphs = ", ".join(sorted(g for g in published["files"] if g.endswith(".onnx")))
+        raise EngineError(f"{artifact} has no {graph}; its graphs: {graphs}")
+    host, reason = gpu_host()
+    reason = _host_problem(host, reason, published["target_spec"]["tensorrt"]["compute_capability"])
+    if reason:
+        raise EngineError(f"cannot build the engine of {artifact} here: {reason}")
+    cache_dir = engine_cache_dir(artifact, published)
+    existing, _ = find_engine(cache_dir, published, graph, host)
+    if existing is not None:
+        return existing
+    real = artifact.resolve()
+    settings = TensorRT(**{k: v for k, v in published["target_spec"]["tensorrt"].items()})
+    plan = engine_from_onnx(real / graph, engine["profiles"], settings, timing_cache_path(cache_dir, host))
+    name = engine_name(host["compute_capability"], host["tensorrt"], engine["profile_hash"], graph)
+    scratch = cache_dir / f".{name}.validating.plan"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    scratch.write_bytes(plan)
+    try:
+        texts = read_texts(data or DEFAULT_VALIDATION, "validation")
+        metric = TASKS[published["model"]["task"]].metric
+        batch = published["model"]["batch_size"]
+        reference_model = open_model(real / graph, real / "tokenizer.json", published["model"])
+        reference = outputs(reference_model, texts, metric, batch)
+        accuracy = Accuracy(**published["target_spec"]["accuracy"])
+        stats = validate_engine(scratch, real / graph, real / "tokenizer.json", published["model"], texts, reference,
+                                metric, accuracy, batch)  # fmt: skip
+    finally:
+        scratch.unlink(missing_ok=True)
+    write_engine(cache_dir, name, plan, _record(published, graph, host, engine["profiles"], stats))
+    return cache_dir / f"{name}.plan"

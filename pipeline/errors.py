@@ -47,3 +47,9 @@ class OverloadedError(PipelineError):
     """A Batcher's queue is full; the caller should back off and retry, or the service should scale out."""
 
     exit_code = 8
+
+
+class EngineError(PipelineError):
+    """A TensorRT engine could not be built here: no GPU or TensorRT, another GPU, or the builder failed."""
+
+    exit_code = 9

@@ -171,6 +171,8 @@ class Generator:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.past_names = list(spec["past"])
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # With ONNX Runtime's CUDA provider the cache stays on the GPU between steps; only logits come back.
+        self.device = "cuda" if "CUDAExecutionProvider" in self.session.get_providers() else "cpu"
         shapes = {i.name: i.shape for i in self.session.get_inputs()}
         # [batch, kv heads, past length, head size]: heads and head size are fixed numbers in the graph.
         self.past_shapes = {name: (int(shapes[name][1]), int(shapes[name][3])) for name in self.past_names}
@@ -297,7 +299,7 @@ class Generator:
         import onnxruntime as ort
 
         ids, mask = self._left_padded(rows)
-        past = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in self._empty_past(len(rows)).items()}
+        past = {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(len(rows)).items()}
         binding = self.session.io_binding()
         texts = [_Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]
         context = [list(r) for r in rows]
@@ -313,8 +315,9 @@ class Generator:
                 binding.bind_cpu_input(name, np.ascontiguousarray(array))
             for name, value in past.items():
                 binding.bind_ortvalue_input(name, value)
-            for name in self.output_names:
-                binding.bind_output(name, "cpu")
+            binding.bind_output(self.output_names[0], "cpu")
+            for name in self.output_names[1:]:
+                binding.bind_output(name, self.device)
             self.session.run_with_iobinding(binding)
             outputs = binding.get_outputs()
             logits = outputs[0].numpy()[:, -1]

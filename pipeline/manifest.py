@@ -11,6 +11,9 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 
+MODEL_GRAPH = "model.onnx"  # the graph an artifact runs
+INT8_GRAPH = "model.int8.onnx"  # a TensorRT target's int8 Q/DQ graph, published beside its fp16 model.onnx
+
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
@@ -72,6 +75,14 @@ class Manifest:
     def last_model(self) -> StageRecord:
         """The latest stage that produced a model.onnx: the graph later stages work on."""
         for record in reversed(self.stages):
-            if "model.onnx" in record.outputs:
+            if MODEL_GRAPH in record.outputs:
                 return record
         raise PipelineError("no stage has produced a model.onnx yet")
+
+    def graphs(self) -> dict[str, Path]:
+        """The graphs this build publishes, by file name: model.onnx, and model.int8.onnx where one was made."""
+        graphs = {MODEL_GRAPH: self.last_model().output(MODEL_GRAPH)}
+        for record in self.stages:
+            if INT8_GRAPH in record.outputs:
+                graphs[INT8_GRAPH] = record.output(INT8_GRAPH)
+        return graphs

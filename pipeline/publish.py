@@ -24,7 +24,7 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import faults
+from pipeline import engine, faults
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest
 from pipeline.runtime import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, cpu_flags, manifest_digest, sha256_file
@@ -147,10 +147,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Publish the validated graph, or report the identical version already published."""
     manifest.stage("validate")  # nothing unvalidated is published
     export = manifest.stage("export")
-    sources = {
-        "model.onnx": manifest.last_model().output("model.onnx"),
-        "tokenizer.json": export.output("tokenizer.json"),
-    }
+    sources = {**manifest.graphs(), "tokenizer.json": export.output("tokenizer.json")}
     model_root = Path(manifest.artifacts_dir) / manifest.model_name
     content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
     content_id = hashlib.sha256(canonical_json(content)).hexdigest()
@@ -182,6 +179,14 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             f"({err.filename or model_root}); nothing was published. Free space or fix permissions, then rebuild."
         ) from None
     path = model_root / version / target.name
+    engines = engine.cache_built_engines(manifest, path)
     return dataclasses.replace(
-        manifest, published={"version": version, "path": str(path), "reused": reused, "content_id": content_id}
+        manifest,
+        published={
+            "version": version,
+            "path": str(path),
+            "reused": reused,
+            "content_id": content_id,
+            "engines": engines,
+        },
     )

@@ -17,6 +17,7 @@ Every candidate tried is recorded in the stage's metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from pipeline.cache import run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, QuantizationError, TargetError
-from pipeline.manifest import Manifest
+from pipeline.manifest import INT8_GRAPH, Manifest
 from pipeline.quiet import silenced
 from pipeline.targets import Target, with_headroom
 from pipeline.tasks import TASKS
@@ -174,7 +175,8 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
                 str(source), str(out), None if ranges_cache.exists() else reader,
                 quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
                 op_types_to_quantize=list(settings.op_types), per_channel=settings.per_channel,
-                reduce_range=settings.reduce_range, activation_type=QuantType.QUInt8,
+                reduce_range=settings.reduce_range,
+                activation_type=QuantType.QInt8 if settings.activation_type == "int8" else QuantType.QUInt8,
                 weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
                 nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []), calibrate_method=method,
                 calibration_cache_path=str(ranges_cache),
@@ -182,6 +184,9 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
                     "DefaultTensorType": onnx.TensorProto.FLOAT,
                     "CalibStridedMinMax": 1,  # one batch per collect: activations are never all held at once
                     "CalibPercentile": settings.percentile,
+                    # Zero points of 0: TensorRT takes only symmetric int8 from Q/DQ nodes.
+                    "ActivationSymmetric": settings.symmetric,
+                    "WeightSymmetric": settings.symmetric or settings.weight_type == "int8",
                 },
             )  # fmt: skip
         except Exception as err:  # onnxruntime raises bare Exceptions here
@@ -218,14 +223,13 @@ def _error(stats: dict, metric: str) -> float:
     return 1.0 - stats["cosine_mean"] if metric == "embedding" else stats["max_abs_diff"]
 
 
-def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -> dict:
+def _quantize(manifest: Manifest, target: Target, settings, texts: list[str], fp32_path: Path, out: Path) -> dict:
+    """Quantize `fp32_path` with `settings` into `out`/model.onnx, falling back to mixed precision as needed."""
     import onnx
 
-    settings = target.quantize
     metric = TASKS[manifest.checkpoint.task].metric
     batch = target.shapes.batch_size
     new_tokens = target.generation.new_tokens
-    fp32_path = manifest.last_model().output("model.onnx")
     fp32 = candidate_model(manifest, target, fp32_path)
     reference = outputs(fp32, texts, metric, batch, new_tokens)
     work = out / "work"
@@ -322,13 +326,11 @@ def _quantize(manifest: Manifest, target: Target, texts: list[str], out: Path) -
     }
 
 
-def run(manifest: Manifest, target: Target) -> Manifest:
-    """Quantize the optimized graph as the target asks (`mode = "none"` leaves it in fp32)."""
+def quantize_stage(manifest: Manifest, target: Target, stage: str, settings, source, output: str) -> Manifest:
+    """Run quantization with `settings` over the graph of the `source` stage record, cached, as stage `stage`,
+    writing the chosen graph as `output`."""
     import onnxruntime
 
-    settings = target.quantize
-    if settings.mode == "none":
-        return manifest
     task = manifest.checkpoint.task
     if task == "text-generation" and settings.mode == "static":
         raise TargetError(
@@ -339,7 +341,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     texts = examples(texts, task, target.generation)
     config = {
         "mode": settings.mode,
-        "settings": target.to_dict()["quantize"],
+        "settings": dataclasses.asdict(settings),
         "accuracy": target.to_dict()["accuracy"],
         "batch_size": target.shapes.batch_size,
         "calibration_sha256": texts_digest(texts),
@@ -348,13 +350,35 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     }
     if task == "text-generation":
         config["generation"] = target.to_dict()["generation"]
-    source = manifest.last_model()
-    record = run_cached(
-        manifest.cache_dir,
-        "quantize",
-        config,
-        source.key,
-        target.device,
-        lambda out: _quantize(manifest, target, texts, out),
-    )
+
+    def produce(out: Path) -> dict:
+        metrics = _quantize(manifest, target, settings, texts, source.output("model.onnx"), out)
+        (out / "model.onnx").rename(out / output)
+        return metrics
+
+    record = run_cached(manifest.cache_dir, stage, config, source.key, target.device, produce)
     return manifest.with_stage(record)
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Quantize the optimized graph as the target asks (`mode = "none"` leaves it in fp32)."""
+    if target.quantize.mode == "none":
+        return manifest
+    return quantize_stage(manifest, target, "quantize", target.quantize, manifest.last_model(), "model.onnx")
+
+
+def qdq_settings(target: Target):
+    """The static settings of a TensorRT int8 graph: the target's [quantize] table, made Q/DQ, int8 and symmetric,
+    as TensorRT requires."""
+    return dataclasses.replace(
+        target.quantize, mode="static", format="qdq", activation_type="int8", weight_type="int8", symmetric=True
+    )
+
+
+def run_int8_qdq(manifest: Manifest, target: Target) -> Manifest:
+    """Stage int8_qdq: for TensorRT targets with `[tensorrt] int8 = true`, an int8 Q/DQ graph of the optimized fp32
+    graph, calibrated on text, beside the target's main (fp16) graph. TensorRT takes int8 from these nodes."""
+    if target.engine != "tensorrt" or not target.tensorrt.int8:
+        return manifest
+    stage = manifest.stage("optimize")
+    return quantize_stage(manifest, target, "int8_qdq", qdq_settings(target), stage, INT8_GRAPH)

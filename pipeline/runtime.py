@@ -173,7 +173,7 @@ def check_texts(texts, call: str, pairs: bool = False) -> list:
 class Model:
     """A loaded model: a tokenizer and an ONNX Runtime session, with the task's input and output handling."""
 
-    def __init__(self, onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None, engine=None):
         import numpy as np
 
         self._np = np
@@ -184,7 +184,13 @@ class Model:
         self.tokenizer = open_tokenizer(tokenizer_path)
         if spec["overlong"] == "truncate":
             self.tokenizer.enable_truncation(self.max_length)
-        self.session = open_session(onnx_path, session, providers)
+        if engine is None:
+            self.session = open_session(onnx_path, session, providers)
+        else:
+            from pipeline.tensorrt_runtime import TensorRTSession
+
+            self.session = TensorRTSession(engine)
+        self.backend = "tensorrt" if engine is not None else "onnxruntime"
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = spec["output"]
 
@@ -256,13 +262,14 @@ class Model:
         return np.stack(results)
 
 
-def open_model(onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
-    """The runtime object for a graph: a Generator (pipeline.generation) for text generation, else a Model."""
+def open_model(onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None, engine=None):
+    """The runtime object for a graph: a Generator (pipeline.generation) for text generation, else a Model.
+    With `engine` (a TensorRT plan of that graph), a Model runs the engine instead of ONNX Runtime."""
     if spec["task"] == "text-generation":
         from pipeline.generation import Generator
 
         return Generator(onnx_path, tokenizer_path, spec, providers, session)
-    return Model(onnx_path, tokenizer_path, spec, providers, session)
+    return Model(onnx_path, tokenizer_path, spec, providers, session, engine)
 
 
 # ONNX Runtime picks its int8 kernels by these flags at run time, so int8 results can differ between hosts.
@@ -299,29 +306,113 @@ def _check_host(manifest: dict, strict: bool) -> None:
     warnings.warn(message, HostMismatchWarning, stacklevel=3)
 
 
-def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None):
+class EngineFallbackWarning(UserWarning):
+    """A TensorRT target's artifact runs on ONNX Runtime: no engine could be used on this host."""
+
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime")
+
+
+def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None, backend: str = "auto",
+         build_engine: bool = False, graph: str = "model.onnx"):  # fmt: skip
     """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one):
     a Model (`run`) for encoder tasks, a pipeline.generation.Generator (`generate`, `stream`, `run`) for text
     generation.
 
     Every file's sha256 is checked against the manifest first. A host without the target's CPU flags gives a
     HostMismatchWarning, or an ArtifactError with `strict=True`.
+
+    TensorRT targets: `backend="tensorrt"` runs the graph's engine from the artifact's engine cache, for this
+    host's GPU architecture and TensorRT version; with `build_engine=True` a missing one is built here first
+    (pipeline.engine.build_artifact_engine), else it is an ArtifactError naming what was found. `"auto"` (the
+    default) does the same but falls back, with an EngineFallbackWarning, to ONNX Runtime (its TensorRT and CUDA
+    providers where onnxruntime-gpu is installed, else the CPU). `graph="model.int8.onnx"` picks the int8 Q/DQ
+    graph of a target that made one.
     """
     root = Path(path)
     if not root.exists():
         raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
+    if backend not in BACKENDS:
+        raise ArtifactError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     manifest = verify_artifact(root)
+    if graph not in manifest["files"] or not graph.endswith(".onnx"):
+        graphs = ", ".join(sorted(g for g in manifest["files"] if g.endswith(".onnx")))
+        raise ArtifactError(f"{root} has no graph {graph!r}; its graphs: {graphs}")
     session = dict(manifest["session"])
     if intra_op_threads is not None:
         session["intra_op_threads"] = intra_op_threads
     real = root.resolve()
     try:
         _check_host(manifest, strict)
-        return open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], providers, session)
+        engine = None
+        if manifest["target_spec"]["engine"] == "tensorrt" and backend != "onnxruntime" and providers is None:
+            engine, providers = _gpu_backend(real, manifest, graph, backend, build_engine)
+        elif backend == "tensorrt":
+            engine_name = manifest["target_spec"]["engine"]
+            raise ArtifactError(f"{root} is built for {manifest['target']} ({engine_name}); it has no TensorRT engine")
+        return open_model(real / graph, real / "tokenizer.json", manifest["model"], providers, session, engine)
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ArtifactError(
             f"{real / MANIFEST_NAME}: its target, session or model settings are invalid ({err!r})"
         ) from None
+
+
+def _gpu_backend(root: Path, manifest: dict, graph: str, backend: str, build_engine: bool):
+    """(engine plan, None) where an engine can run here, else (None, ONNX Runtime providers) with a warning; with
+    backend="tensorrt" an ArtifactError instead of the fallback."""
+    from pipeline.tensorrt_runtime import engine_cache_dir, engine_for_host, gpu_host
+
+    cache_dir = engine_cache_dir(root, manifest)
+    if manifest["model"]["task"] == "text-generation":
+        reason = "TensorRT engines are not built for KV-cache decoders"
+    else:
+        host, reason = gpu_host()
+        if host is not None:
+            plan, reason = engine_for_host(cache_dir, manifest, graph, host)
+            if plan is None and build_engine:
+                from pipeline.engine import build_artifact_engine
+
+                plan = build_artifact_engine(root, graph)
+            if plan is not None:
+                return plan, None
+    if backend == "tensorrt":
+        raise ArtifactError(f"cannot run {root} on TensorRT: {reason}")
+    import onnxruntime
+
+    providers = ort_gpu_providers(manifest, cache_dir, onnxruntime.get_available_providers())
+    names = ", ".join(p if isinstance(p, str) else p[0] for p in providers)
+    warnings.warn(f"{reason}; running {graph} on ONNX Runtime ({names})", EngineFallbackWarning, stacklevel=3)
+    return None, providers
+
+
+def ort_gpu_providers(manifest: dict, cache_dir: Path, available: list[str]) -> list:
+    """ONNX Runtime providers for a TensorRT target's graph, of those `available`: the TensorRT provider (engine
+    and timing caches in the artifact's engine cache, the target's profiles and settings), then CUDA, then CPU.
+    Decoders skip the TensorRT provider: their KV-cache shapes are outside its profiles."""
+    trt = manifest["target_spec"]["tensorrt"]
+    profiles = (manifest.get("engine") or {}).get("profiles")
+    providers: list = []
+    if "TensorrtExecutionProvider" in available and profiles:
+
+        def shapes(kind: str) -> str:
+            return ",".join(f"{name}:{'x'.join(map(str, p[kind]))}" for name, p in profiles.items())
+
+        options = {
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(Path(cache_dir) / "onnxruntime"),
+            "trt_timing_cache_enable": bool(trt["timing_cache"]),
+            "trt_timing_cache_path": str(Path(cache_dir) / "onnxruntime"),
+            "trt_max_workspace_size": int(trt["workspace_mb"]) << 20,
+            "trt_builder_optimization_level": int(trt["builder_optimization_level"]),
+            "trt_engine_hw_compatible": trt["hardware_compatibility"] != "none",
+            "trt_profile_min_shapes": shapes("min"),
+            "trt_profile_opt_shapes": shapes("opt"),
+            "trt_profile_max_shapes": shapes("max"),
+        }
+        providers.append(("TensorrtExecutionProvider", options))
+    if "CUDAExecutionProvider" in available:
+        providers.append("CUDAExecutionProvider")
+    return providers + ["CPUExecutionProvider"]
 
 
 def describe(path) -> dict:

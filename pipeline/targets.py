@@ -63,6 +63,8 @@ class Quantize:
     # (0.5: cosine_min 0.99 must reach 0.995), so that it still meets them on held-out text.
     fallback_headroom: float = 0.5
     calibration_examples: int = 256
+    # Static only: symmetric ranges (zero points of 0) for activations and weights, as TensorRT requires.
+    symmetric: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +137,9 @@ class TensorRT:
     builder_optimization_level: int = 3
     hardware_compatibility: str = "none"
     timing_cache: bool = True
+    # Also make an int8 Q/DQ graph (model.int8.onnx), calibrated with [quantize]'s static settings made
+    # symmetric int8, validated, published and built into its own engine.
+    int8: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pipeline.cache import run_cached
 from pipeline.checkpoint import checkpoint_digest
 from pipeline.data import DEFAULT_VALIDATION, read_texts, texts_digest
 from pipeline.errors import AccuracyError, InputError
-from pipeline.manifest import Checkpoint, Manifest
+from pipeline.manifest import INT8_GRAPH, Checkpoint, Manifest
 from pipeline.runtime import load, open_model, sha256_file, verify_artifact
 from pipeline.targets import Accuracy, Generation, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
@@ -242,13 +242,18 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
         reference = pytorch_outputs(checkpoint, texts)
     stats = measure(candidate, texts, reference, metric, target.shapes.batch_size, new_tokens)
     missed = failures(stats, target.accuracy)
+    extra = {}
+    if INT8_GRAPH in manifest.graphs():
+        int8 = candidate_model(manifest, target, manifest.graphs()[INT8_GRAPH])
+        extra["int8_qdq"] = measure(int8, texts, reference, metric, target.shapes.batch_size, new_tokens)
+        missed += [f"{INT8_GRAPH}: {m}" for m in failures(extra["int8_qdq"], target.accuracy)]
     if missed:
         raise AccuracyError(
             f"{manifest.model_name} for {target.name} missed its accuracy thresholds on {len(texts)} held-out "
             f"examples ({manifest.validation_path}): " + "; ".join(missed) + ". Nothing was published. "
             "Loosen the target's [accuracy] only if that is acceptable, or raise quantize.max_fp32_nodes."
         )
-    result = {"examples": len(texts), "batch_sizes": [1, target.shapes.batch_size], **stats}
+    result = {"examples": len(texts), "batch_sizes": [1, target.shapes.batch_size], **stats, **extra}
     if speed is not None:
         result.update(new_tokens=new_tokens, speed=speed)
     return result
@@ -265,6 +270,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     }
     if manifest.checkpoint.task == "text-generation":
         config["generation"] = target.to_dict()["generation"]
+    int8 = [r.key for r in manifest.stages if INT8_GRAPH in r.outputs]
+    if int8:
+        config["int8_qdq"] = int8[0]
     record = run_cached(
         manifest.cache_dir, "validate", config, model.key, target.name, lambda out: _validate(manifest, target, texts)
     )

@@ -18,7 +18,18 @@ def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):
 
 def test_stage_table_runs_in_product_order():
     names = [name for name, _ in STAGES]
-    assert names == ["checkpoint", "export", "optimize", "quantize", "fp16", "validate", "tune", "engine", "publish"]
+    assert names == [
+        "checkpoint",
+        "export",
+        "optimize",
+        "quantize",
+        "fp16",
+        "int8_qdq",
+        "validate",
+        "tune",
+        "engine",
+        "publish",
+    ]
 
 
 def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):

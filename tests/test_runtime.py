@@ -165,3 +165,24 @@ def test_model_run_same_rows_with_and_without_bucketing(published):
     model = load(published)
     texts = ["tiny", "a sentence of middling length here", "word " * 60, "short one"]
     np.testing.assert_allclose(model.run(texts), model.run(texts, bucketing=False), atol=2e-2)
+
+
+def test_ort_gpu_providers_carry_the_targets_profiles_and_caches(tmp_path):
+    from pipeline.runtime import ort_gpu_providers
+    from pipeline.targets import load_target
+
+    shape = {"min": [1, 1], "opt": [8, 128], "max": [32, 256]}
+    manifest = {
+        "target_spec": load_target("a100").to_dict(),
+        "engine": {"profiles": {"input_ids": shape, "attention_mask": shape}},
+    }
+    every = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    (trt, options), cuda, cpu = ort_gpu_providers(manifest, tmp_path, every)
+    assert (trt, cuda, cpu) == tuple(every)
+    assert options["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1"
+    assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256"
+    assert options["trt_engine_cache_path"] == str(tmp_path / "onnxruntime") and options["trt_engine_cache_enable"]
+    assert options["trt_max_workspace_size"] == 4096 << 20 and options["trt_builder_optimization_level"] == 3
+    assert ort_gpu_providers(manifest, tmp_path, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    decoder = {**manifest, "engine": {"profiles": None}}
+    assert ort_gpu_providers(decoder, tmp_path, every) == ["CUDAExecutionProvider", "CPUExecutionProvider"]
