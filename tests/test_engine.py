@@ -11,8 +11,8 @@ from pipeline import engine
 from pipeline.build import build
 from pipeline.errors import ArtifactError, TargetError
 from pipeline.runtime import EngineFallbackWarning, check_engine, engine_cache_key, load
-from pipeline.tensorrt_runtime import gpu_host
 from pipeline.targets import load_target
+from pipeline.tensorrt_runtime import gpu_host
 
 from .conftest import write_target
 
