@@ -205,11 +205,7 @@ def bench(
     for name in variants:
         variants[name]["peak_rss_mb"] = process.memory_info().rss / 2**20
     results = {
-        "artifact": str(real),
-        "model_name": manifest["model_name"],
-        "version": manifest["version"],
-        "target": manifest["target"],
-        "threads": threads,
+        **identity(manifest, real, threads),
         "variants": variants,
         "missing_variants": missing,
         "grid": grid,
@@ -218,13 +214,30 @@ def bench(
         "tokenization": _tokenization_share(shipped, texts, min_reps),
         "process_peak_rss_mb": psutil.Process().memory_info().rss / 2**20,
     }
-    out = Path(out_dir) if out_dir else real.parent.parent / "bench" / f"{manifest['version']}-{manifest['target']}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(results, indent=1))
-    (out / "bench.md").write_text(markdown(results))
+    out = write_results(results, out_dir or bench_folder(real, manifest))
     plot(results, out / "bench.png")
     results["written_to"] = str(out)
     return results
+
+
+def identity(manifest: dict, real: Path, threads: int) -> dict:
+    """What a benchmark measured: the artifact and the thread count."""
+    keys = ("model_name", "version", "target")
+    return {"artifact": str(real), **{k: manifest[k] for k in keys}, "threads": threads}
+
+
+def bench_folder(real: Path, manifest: dict) -> Path:
+    """Where an artifact's benchmark results go: beside it, since a published artifact is immutable."""
+    return real.parent.parent / "bench" / f"{manifest['version']}-{manifest['target']}"
+
+
+def write_results(results: dict, out: str | Path) -> Path:
+    """Write bench.json and bench.md into `out`; returns it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(results, indent=1))
+    (out / "bench.md").write_text(markdown(results))
+    return out
 
 
 def markdown(results: dict) -> str:

@@ -8,12 +8,12 @@ every row runs N steps). Time to first token (TTFT) is a run of one new token; d
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+from pipeline.bench import bench_folder, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.runtime import open_model, verify_artifact
 
@@ -109,18 +109,8 @@ def bench_generation(
     prompts = read_texts(DEFAULT_VALIDATION, "benchmark")[:64]
     new_tokens = max(2, min(new_tokens, int(manifest["model"]["max_length"]) - 64))
     speed = generation_speed(runners, prompts, batch_sizes, new_tokens, reps)
-    results = {
-        "artifact": str(real),
-        "model_name": manifest["model_name"],
-        "version": manifest["version"],
-        "target": manifest["target"],
-        "threads": threads,
-        **speed,
-    }
-    out = Path(out_dir) if out_dir else real.parent.parent / "bench" / f"{manifest['version']}-{manifest['target']}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(results, indent=1))
-    (out / "bench.md").write_text(markdown(results))
+    results = {**identity(manifest, real, threads), **speed}
+    out = write_results(results, out_dir or bench_folder(real, manifest))
     results["written_to"] = str(out)
     return results
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline.cache import run_cached
 from pipeline.errors import AccuracyError, EngineError, TargetError
 from pipeline.manifest import Manifest, StageRecord
-from pipeline.runtime import canonical_json, open_model, verify_artifact
+from pipeline.runtime import canonical_json, open_model, runs_on, verify_artifact
 from pipeline.targets import Accuracy, Target, TensorRT
 from pipeline.tensorrt_runtime import engine_cache_dir, engine_name, find_engine, gpu_host, write_engine
 
@@ -120,10 +120,13 @@ def validate_engine(plan: Path, graph: Path, tokenizer: Path, spec: dict, texts:
     return stats
 
 
-def _host_problem(host: dict | None, reason: str, compute_capability: str) -> str:
+def _host_problem(host: dict | None, reason: str, settings: TensorRT) -> str:
+    """Why this host cannot build the target's engine, or ""."""
     if host is None:
         return reason
-    if host["compute_capability"] != compute_capability:
+    compute_capability = settings.compute_capability
+    wanted = {"compute_capability": compute_capability, "hardware_compatibility": settings.hardware_compatibility}
+    if not runs_on(wanted, host["compute_capability"]):
         return (
             f"this host's GPU ({host['gpu']}, compute capability {host['compute_capability']}) is not the "
             f"target's ({compute_capability})"
@@ -172,7 +175,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         return manifest.with_stage(record)
     profile = profiles(target, spec)
     host, reason = gpu_host()
-    reason = _host_problem(host, reason, target.tensorrt.compute_capability)
+    reason = _host_problem(host, reason, target.tensorrt)
     metrics = {
         **common, "status": "pending", "reason": reason, "profiles": profile, "profile_hash": profile_hash(profile),
         "tensorrt": host["tensorrt"] if host else None,
@@ -219,6 +222,7 @@ def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
 def _record(published: dict, graph: str, host: dict, profile: dict, validation: dict) -> dict:
     return {
         "graph": graph,
+        "hardware_compatibility": published["target_spec"]["tensorrt"]["hardware_compatibility"],
         "graph_sha256": published["files"][graph],
         "artifact": f"{published['model_name']}/{published['version']}/{published['target']}",
         "profiles": profile,
@@ -245,7 +249,8 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
         graphs = ", ".join(sorted(g for g in published["files"] if g.endswith(".onnx")))
         raise EngineError(f"{artifact} has no {graph}; its graphs: {graphs}")
     host, reason = gpu_host()
-    reason = _host_problem(host, reason, published["target_spec"]["tensorrt"]["compute_capability"])
+    settings = TensorRT(**published["target_spec"]["tensorrt"])
+    reason = _host_problem(host, reason, settings)
     if reason:
         raise EngineError(f"cannot build the engine of {artifact} here: {reason}")
     cache_dir = engine_cache_dir(artifact, published)
@@ -253,7 +258,6 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
     if existing is not None:
         return existing
     real = artifact.resolve()
-    settings = TensorRT(**{k: v for k, v in published["target_spec"]["tensorrt"].items()})
     plan = engine_from_onnx(real / graph, engine["profiles"], settings, timing_cache_path(cache_dir, host))
     name = engine_name(host["compute_capability"], host["tensorrt"], engine["profile_hash"], graph)
     scratch = cache_dir / f".{name}.validating.plan"

@@ -445,10 +445,18 @@ def engine_cache_key(compute_capability: str, tensorrt_version: str, profile_has
     return f"sm{compute_capability.replace('.', '')}-trt{tensorrt_version}-{profile_hash}"
 
 
+def runs_on(engine: dict, compute_capability: str) -> bool:
+    """Whether an engine runs on a GPU of this compute capability: its own, or any Ampere or later GPU for an engine
+    built hardware-compatible (`hardware_compatibility = "ampere_plus"`)."""
+    if engine.get("hardware_compatibility") == "ampere_plus":
+        return float(compute_capability) >= 8.0
+    return engine.get("compute_capability") == compute_capability
+
+
 def check_engine(engine: dict, compute_capability: str, tensorrt_version: str) -> None:
     """Refuse an engine built for another GPU architecture or TensorRT version, naming both."""
     built = (engine.get("compute_capability"), engine.get("tensorrt"))
-    if built != (compute_capability, tensorrt_version):
+    if not runs_on(engine, compute_capability) or built[1] != tensorrt_version:
         raise ArtifactError(
             f"the TensorRT engine was built for compute capability {built[0]} with TensorRT {built[1]}, but this "
             f"host has compute capability {compute_capability} with TensorRT {tensorrt_version}; rebuild it here "

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.errors import ArtifactError
-from pipeline.runtime import check_engine, engine_cache_key, sha256_file
+from pipeline.runtime import check_engine, engine_cache_key, runs_on, sha256_file
 
 ENGINES_DIR = "engines"
 
@@ -115,6 +115,10 @@ def find_engine(cache_dir: Path, manifest: dict, graph: str, host: dict) -> tupl
             continue
         if record.get("graph") == graph and record.get("profile_hash") == profile_hash:
             others.append(record)
+    # A hardware-compatible engine built on another Ampere-or-later GPU serves this one too.
+    for record in others:
+        if runs_on(record, host["compute_capability"]) and record.get("tensorrt") == host["tensorrt"]:
+            return find_engine(cache_dir, manifest, graph, {**host, "compute_capability": record["compute_capability"]})
     return None, others
 
 

@@ -34,17 +34,21 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     return make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-gpt2", "gpt2")
 
 
-@pytest.fixture(scope="session")
-def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
-    """The tiny GPT-2 built for cpu-avx2 (dynamic int8), once per session. Copy it before changing it."""
+def _publish(checkpoint: Path, texts_file: Path, root: Path) -> Path:
+    """Build `checkpoint` for cpu-avx2 into `root`/artifacts (stage cache in `root`/cache); the artifact's path."""
     from pipeline.build import build
 
-    root = tmp_path_factory.mktemp("published-gpt2")
     manifest = build(
-        tiny_gpt2, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
+        checkpoint, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
         validation=texts_file, calibration=texts_file,
     )  # fmt: skip
     return Path(manifest.published["path"])
+
+
+@pytest.fixture(scope="session")
+def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
+    """The tiny GPT-2 built for cpu-avx2 (dynamic int8), once per session. Copy it before changing it."""
+    return _publish(tiny_gpt2, texts_file, tmp_path_factory.mktemp("published-gpt2"))
 
 
 @pytest.fixture(scope="session")
@@ -90,14 +94,7 @@ def build_dirs(tmp_path) -> dict:
 @pytest.fixture(scope="session")
 def published(tiny_bert, texts_file, tmp_path_factory) -> Path:
     """One artifact of the tiny BERT, built once per session. Copy it before changing it."""
-    from pipeline.build import build
-
-    root = tmp_path_factory.mktemp("published")
-    manifest = build(
-        tiny_bert, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
-        validation=texts_file, calibration=texts_file,
-    )  # fmt: skip
-    return Path(manifest.published["path"])
+    return _publish(tiny_bert, texts_file, tmp_path_factory.mktemp("published"))
 
 
 @pytest.fixture

@@ -62,3 +62,11 @@ def test_find_engine_refuses_an_engine_of_another_graph(tmp_path):
     _cache(tmp_path, graph_sha="b" * 64)
     with pytest.raises(ArtifactError, match="was built from another model.onnx than this artifact's"):
         find_engine(tmp_path, MANIFEST, "model.onnx", A100)
+
+
+def test_find_engine_takes_a_hardware_compatible_engine_built_on_another_ampere(tmp_path):
+    name = _cache(tmp_path, host={**A100, "hardware_compatibility": "ampere_plus"})
+    assert find_engine(tmp_path, MANIFEST, "model.onnx", H100) == (tmp_path / f"{name}.plan", [])
+    older = {"compute_capability": "7.5", "tensorrt": "10.3.0", "gpu": "T4"}
+    plan, reason = engine_for_host(tmp_path, MANIFEST, "model.onnx", older)
+    assert plan is None and "compute capability 7.5" in reason
