@@ -15,6 +15,11 @@ def _fail(err: PipelineError) -> None:
     sys.exit(err.exit_code)
 
 
+def _scores(metrics: dict) -> str:
+    """A validation's scores as compact JSON, to 4 decimals."""
+    return json.dumps({k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+
+
 @click.group()
 def main() -> None:
     """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
@@ -64,11 +69,9 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     if engine and engine["status"] == "pending":
         click.echo(f"engine pending: {engine['reason']}; every other stage is published")
     validation_metrics = manifest.stage("validate").metrics
-    shown = {k: round(v, 4) for k, v in validation_metrics.items() if isinstance(v, float)}
-    click.echo(f"validation: {json.dumps(shown)}")
+    click.echo(f"validation: {_scores(validation_metrics)}")
     if "int8_qdq" in validation_metrics:
-        shown = {k: round(v, 4) for k, v in validation_metrics["int8_qdq"].items() if isinstance(v, float)}
-        click.echo(f"validation of model.int8.onnx: {json.dumps(shown)}")
+        click.echo(f"validation of model.int8.onnx: {_scores(validation_metrics['int8_qdq'])}")
     for batch, row in (validation_metrics.get("speed") or {}).get("batches", {}).items():
         mine, torch = row["artifact"], row["pytorch-generate"]
         click.echo(
@@ -175,10 +178,10 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
 def engine(artifact, graphs, data) -> None:
     """Build ARTIFACT's TensorRT engines on this GPU host, into its engine cache, validated against its graphs."""
     from pipeline.engine import build_artifact_engine
-    from pipeline.runtime import verify_artifact
+    from pipeline.runtime import artifact_graphs, verify_artifact
 
     try:
-        graphs = graphs or sorted(g for g in verify_artifact(artifact)["files"] if g.endswith(".onnx"))
+        graphs = graphs or artifact_graphs(verify_artifact(artifact))
         for graph in graphs:
             click.echo(f"{graph}: engine {build_artifact_engine(artifact, graph, data)}")
     except PipelineError as err:

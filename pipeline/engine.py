@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline.cache import run_cached
 from pipeline.errors import AccuracyError, EngineError, TargetError
 from pipeline.manifest import Manifest, StageRecord
-from pipeline.runtime import canonical_json, open_model, runs_on, verify_artifact
+from pipeline.runtime import artifact_graphs, canonical_json, open_model, runs_on, verify_artifact
 from pipeline.targets import Accuracy, Target, TensorRT
 from pipeline.tensorrt_runtime import engine_cache_dir, engine_name, find_engine, gpu_host, write_engine
 
@@ -158,6 +158,14 @@ def _build_engines(manifest: Manifest, target: Target, profile: dict, host: dict
     return {"engines": engines, "validated_against": "pytorch", "examples": len(texts)}
 
 
+def _unbuilt(key: str, config: dict, metrics: dict, started: float) -> StageRecord:
+    """The record of an engine stage that built nothing (pending, or not built for this model), saying why."""
+    seconds = round(time.perf_counter() - started, 3)
+    return StageRecord(
+        name="engine", key=key, config=config, outputs={}, metrics=metrics, seconds=seconds, reused=False
+    )
+
+
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Record the engine's profiles and cache key; build the engines where a matching GPU and TensorRT are."""
     if target.engine != "tensorrt":
@@ -171,8 +179,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             "reason": "TensorRT engines are not built for KV-cache decoders here; they run on ONNX Runtime's CUDA "
             "provider",
         }  # fmt: skip
-        record = StageRecord("engine", "decoder", {}, {}, metrics, round(time.perf_counter() - started, 3), False)
-        return manifest.with_stage(record)
+        return manifest.with_stage(_unbuilt("decoder", {}, metrics, started))
     profile = profiles(target, spec)
     host, reason = gpu_host()
     reason = _host_problem(host, reason, target.tensorrt)
@@ -181,27 +188,18 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         "tensorrt": host["tensorrt"] if host else None,
     }  # fmt: skip
     if reason:
-        record = StageRecord(
-            name="engine", key=metrics["profile_hash"], config={"tensorrt": target.to_dict()["tensorrt"]},
-            outputs={}, metrics=metrics, seconds=round(time.perf_counter() - started, 3), reused=False,
-        )  # fmt: skip
-        return manifest.with_stage(record)
+        config = {"tensorrt": target.to_dict()["tensorrt"]}
+        return manifest.with_stage(_unbuilt(metrics["profile_hash"], config, metrics, started))
     config = {"tensorrt": target.to_dict()["tensorrt"], "profiles": profile, "host": host}
-    graphs_id = hashlib.sha256(canonical_json(_graph_keys(manifest))).hexdigest()
+    # The engines are built from the published graphs: the stages that made them identify the input.
+    made_by = {name: record.key for name, record in manifest.graph_records().items()}
+    graphs_id = hashlib.sha256(canonical_json(made_by)).hexdigest()
     record = run_cached(
         manifest.cache_dir, "engine", config, graphs_id, target.name,
         lambda out: {**metrics, **_build_engines(manifest, target, profile, host, out), "status": "built",
                      "reason": "", "host": host},
     )  # fmt: skip
     return manifest.with_stage(record)
-
-
-def _graph_keys(manifest: Manifest) -> dict:
-    """The cache key of the stage that made each published graph: what the engines are built from."""
-    graphs = manifest.graphs()
-    return {
-        name: r.key for r in manifest.stages for name in r.outputs if name in graphs and r.output(name) == graphs[name]
-    }
 
 
 def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
@@ -245,9 +243,8 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
     engine = published.get("engine") or {}
     if engine.get("profiles") is None:
         raise EngineError(f"{artifact} is not a TensorRT target's artifact with engine profiles; nothing to build")
-    if graph not in published["files"]:
-        graphs = ", ".join(sorted(g for g in published["files"] if g.endswith(".onnx")))
-        raise EngineError(f"{artifact} has no {graph}; its graphs: {graphs}")
+    if graph not in artifact_graphs(published):
+        raise EngineError(f"{artifact} has no {graph}; its graphs: {', '.join(artifact_graphs(published))}")
     host, reason = gpu_host()
     settings = TensorRT(**published["target_spec"]["tensorrt"])
     reason = _host_problem(host, reason, settings)

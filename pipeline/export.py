@@ -179,14 +179,9 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
     import numpy as np
     import torch
 
-    from pipeline.generation import position_ids
+    from pipeline.generation import left_padded, position_ids
 
-    enc = [tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS]
-    width = max(map(len, enc))
-    ids = np.zeros((len(enc), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, tokens in enumerate(enc):
-        ids[row, width - len(tokens) :], mask[row, width - len(tokens) :] = tokens, 1
+    ids, mask = left_padded([tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS], 0)
     shapes = {i.name: i.shape for i in session.get_inputs()}
     inputs = [i.name for i in session.get_inputs()]
 
@@ -204,7 +199,7 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
         with torch.inference_mode():
             return model(**kwargs, use_cache=False).logits[:, -1].numpy()
 
-    empty = {n: np.zeros((len(enc), shapes[n][1], 0, shapes[n][3]), dtype=np.float32) for n in past_names}
+    empty = {n: np.zeros((len(ids), shapes[n][1], 0, shapes[n][3]), dtype=np.float32) for n in past_names}
     first, past = onnx_step(ids, mask, empty)
     diffs = [np.abs(first - torch_logits(ids, mask)).max()]
     nxt = first.argmax(-1)[:, None].astype(np.int64)

@@ -43,6 +43,17 @@ def position_ids(mask: np.ndarray) -> np.ndarray:
     return positions.astype(np.int64)
 
 
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens) :] = tokens
+        mask[row, width - len(tokens) :] = 1
+    return ids, mask
+
+
 @dataclasses.dataclass(frozen=True)
 class Token:
     """One streamed event: prompt `index` got `token_id`; `text` is the new text it completes (it can be empty
@@ -202,21 +213,12 @@ class Generator:
                 rows[i] = ids[-room:]  # keep the end: it is what the continuation follows
         return rows
 
-    def _left_padded(self, rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        width = max(map(len, rows))
-        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(rows), width), dtype=np.int64)
-        for row, tokens in enumerate(rows):
-            ids[row, width - len(tokens) :] = tokens
-            mask[row, width - len(tokens) :] = 1
-        return ids, mask
-
     def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
         return {n: np.zeros((batch, h, 0, d), dtype=np.float32) for n, (h, d) in self.past_shapes.items()}
 
     def feeds(self, encodings) -> dict:
         """Prompt-step inputs for a list of encodings: left-padded ids, the mask, positions and an empty cache."""
-        ids, mask = self._left_padded([list(e.ids) for e in encodings])
+        ids, mask = left_padded([list(e.ids) for e in encodings], self.pad_id)
         arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}
         return {**{n: arrays[n] for n in self.input_names if n in arrays}, **self._empty_past(len(ids))}
 
@@ -298,7 +300,7 @@ class Generator:
     def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
         import onnxruntime as ort
 
-        ids, mask = self._left_padded(rows)
+        ids, mask = left_padded(rows, self.pad_id)
         past = {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(len(rows)).items()}
         binding = self.session.io_binding()
         texts = [_Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]

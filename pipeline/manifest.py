@@ -79,10 +79,15 @@ class Manifest:
                 return record
         raise PipelineError("no stage has produced a model.onnx yet")
 
-    def graphs(self) -> dict[str, Path]:
-        """The graphs this build publishes, by file name: model.onnx, and model.int8.onnx where one was made."""
-        graphs = {MODEL_GRAPH: self.last_model().output(MODEL_GRAPH)}
+    def graph_records(self) -> dict[str, StageRecord]:
+        """The stage that made each graph this build publishes, by file name: model.onnx, and model.int8.onnx
+        where one was made."""
+        records = {MODEL_GRAPH: self.last_model()}
         for record in self.stages:
             if INT8_GRAPH in record.outputs:
-                graphs[INT8_GRAPH] = record.output(INT8_GRAPH)
-        return graphs
+                records[INT8_GRAPH] = record
+        return records
+
+    def graphs(self) -> dict[str, Path]:
+        """The graphs this build publishes, by file name, as paths."""
+        return {name: record.output(name) for name, record in self.graph_records().items()}

@@ -306,6 +306,11 @@ def _check_host(manifest: dict, strict: bool) -> None:
     warnings.warn(message, HostMismatchWarning, stacklevel=3)
 
 
+def artifact_graphs(manifest: dict) -> list[str]:
+    """The ONNX graphs an artifact's manifest lists: model.onnx, and model.int8.onnx where there is one."""
+    return sorted(name for name in manifest["files"] if name.endswith(".onnx"))
+
+
 class EngineFallbackWarning(UserWarning):
     """A TensorRT target's artifact runs on ONNX Runtime: no engine could be used on this host."""
 
@@ -335,9 +340,8 @@ def load(path, strict: bool = False, providers=None, intra_op_threads: int | Non
     if backend not in BACKENDS:
         raise ArtifactError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     manifest = verify_artifact(root)
-    if graph not in manifest["files"] or not graph.endswith(".onnx"):
-        graphs = ", ".join(sorted(g for g in manifest["files"] if g.endswith(".onnx")))
-        raise ArtifactError(f"{root} has no graph {graph!r}; its graphs: {graphs}")
+    if graph not in artifact_graphs(manifest):
+        raise ArtifactError(f"{root} has no graph {graph!r}; its graphs: {', '.join(artifact_graphs(manifest))}")
     session = dict(manifest["session"])
     if intra_op_threads is not None:
         session["intra_op_threads"] = intra_op_threads

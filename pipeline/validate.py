@@ -243,8 +243,9 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     stats = measure(candidate, texts, reference, metric, target.shapes.batch_size, new_tokens)
     missed = failures(stats, target.accuracy)
     extra = {}
-    if INT8_GRAPH in manifest.graphs():
-        int8 = candidate_model(manifest, target, manifest.graphs()[INT8_GRAPH])
+    graphs = manifest.graphs()
+    if INT8_GRAPH in graphs:
+        int8 = candidate_model(manifest, target, graphs[INT8_GRAPH])
         extra["int8_qdq"] = measure(int8, texts, reference, metric, target.shapes.batch_size, new_tokens)
         missed += [f"{INT8_GRAPH}: {m}" for m in failures(extra["int8_qdq"], target.accuracy)]
     if missed:
@@ -270,9 +271,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     }
     if manifest.checkpoint.task == "text-generation":
         config["generation"] = target.to_dict()["generation"]
-    int8 = [r.key for r in manifest.stages if INT8_GRAPH in r.outputs]
+    int8 = manifest.graph_records().get(INT8_GRAPH)
     if int8:
-        config["int8_qdq"] = int8[0]
+        config["int8_qdq"] = int8.key
     record = run_cached(
         manifest.cache_dir, "validate", config, model.key, target.name, lambda out: _validate(manifest, target, texts)
     )
