@@ -11,10 +11,11 @@ import re
 import time
 from pathlib import Path
 
-from pipeline import checkpoint, engine, export, faults, optimize, precision, publish, quantize, tune, validate
+from pipeline import faults
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
 from pipeline.errors import InputError, TargetError
 from pipeline.manifest import Manifest
+from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
 
 REPO = Path(__file__).resolve().parent.parent

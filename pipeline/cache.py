@@ -1,13 +1,23 @@
-"""Content-addressed stage outputs.
+"""Content-addressed stage outputs, keyed by what the stage declares.
 
-A stage's output folder is named by sha256 over the sorted JSON of (stage, config, input id, target), so a
-rebuild with nothing changed finds it and skips the work. Outputs are written to a temporary folder and renamed
-into place; each entry's record.json holds the sha256 of every file, checked on reuse, so a truncated or edited
-entry is rebuilt rather than trusted.
+Each stage declares a `StageSpec`: its name, a `VERSION` bumped when its code changes its output, a frozen
+dataclass of the settings it reads, the packages whose versions shape its output, and whether its output depends
+on the host (the kernel class, or the whole machine). The cache key is derived from that declaration and the keys
+of the stage's inputs, never assembled by hand:
+
+    sha256(stage, version, config fields, input keys, package versions, host)
+
+Outputs are written to a scratch folder (locked by its builder while it works) and renamed into place; each entry's
+record.json holds the sha256 of every file, checked on reuse, so a truncated or edited entry is rebuilt rather than
+trusted. A scratch folder whose builder died is removed by the next build of that stage.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -15,19 +25,92 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 from pipeline import faults
+from pipeline.errors import CacheError, PipelineError
 from pipeline.manifest import StageRecord
-from pipeline.runtime import canonical_json, sha256_file
+from pipeline.runtime.artifact import canonical_json, sha256_file
+from pipeline.runtime.host import cpu_flags, kernel_class, usable_cores
 
 RECORD = "record.json"
+OWNER = ".owner"
+HOST_SCOPES = ("none", "kernels", "machine")
+WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR)
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 
 
-def stage_key(stage: str, config: dict, input_id: str, target: str | None) -> str:
-    """The content address of a stage's output."""
-    body = {"stage": stage, "config": config, "input": input_id, "target": target}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """A stage's declaration: everything its cache key is derived from besides its inputs.
+
+    `host`: "none" (the output is the same on any host), "kernels" (it measures accuracy on this host's kernels,
+    so the kernel class is part of the key) or "machine" (it times this host: cores and flags are). `runtime_code`:
+    it measures through the runtime package, so the runtime's source digest is part of the key."""
+
+    name: str
+    version: int
+    config: type
+    packages: tuple[str, ...] = ()
+    host: str = "none"
+    runtime_code: bool = False
+
+    def __post_init__(self):
+        if not (dataclasses.is_dataclass(self.config) and self.config.__dataclass_params__.frozen):
+            raise PipelineError(f"stage {self.name}: its config must be a frozen dataclass")
+        if self.host not in HOST_SCOPES:
+            raise PipelineError(f"stage {self.name}: host = {self.host!r} is not one of {', '.join(HOST_SCOPES)}")
+
+    def key(self, config, inputs: dict[str, str]) -> str:
+        """The content address of this stage's output for `config` over `inputs` (name -> upstream key)."""
+        return hashlib.sha256(canonical_json(self.key_body(config, inputs))).hexdigest()
+
+    def key_body(self, config, inputs: dict[str, str]) -> dict:
+        """What the key hashes, for records and tests."""
+        if type(config) is not self.config:
+            raise PipelineError(
+                f"stage {self.name} got a {type(config).__name__} config, but it declares {self.config.__name__}"
+            )
+        fields = dataclasses.asdict(config)
+        try:
+            canonical_json(fields)
+        except (TypeError, ValueError) as err:
+            raise PipelineError(f"stage {self.name}: its config is not plain data ({err})") from None
+        body = {
+            "stage": self.name,
+            "version": self.version,
+            "config": fields,
+            "inputs": dict(sorted(inputs.items())),
+            "packages": package_versions(self.packages),
+        }
+        if self.host == "kernels":
+            body["host"] = kernel_class()
+        elif self.host == "machine":
+            body["host"] = {"cores": usable_cores(), "flags": sorted(cpu_flags() or ())}
+        if self.runtime_code:
+            body["runtime_code"] = runtime_code_digest()
+        return body
+
+
+def package_versions(names) -> dict[str, str]:
+    """Installed version of each named distribution ("absent" where it is not installed)."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def runtime_code_digest() -> str:
+    """sha256 over the runtime package's source: a stage that measured through one runtime measures again under
+    another."""
+    digest = hashlib.sha256()
+    for file in sorted(RUNTIME_DIR.rglob("*.py")):
+        digest.update(f"{file.relative_to(RUNTIME_DIR).as_posix()}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()
 
 
 def _intact(entry: Path) -> dict | None:
@@ -42,47 +125,87 @@ def _intact(entry: Path) -> dict | None:
         return None
 
 
-def run_cached(
-    cache_dir: str | Path,
-    stage: str,
-    config: dict,
-    input_id: str,
-    target: str | None,
-    produce: Callable[[Path], dict],
-) -> StageRecord:
+def _owner_dead(scratch: Path) -> bool:
+    """Whether the build that made this scratch folder is gone: its lock is free (or it never took one and the
+    folder is old)."""
+    try:
+        handle = open(scratch / OWNER)
+    except FileNotFoundError:
+        return time.time() - scratch.stat().st_mtime > 600
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def remove_dead_scratch(stage_dir: Path) -> list[Path]:
+    """Remove the scratch folders of builds that died (SIGKILL, power cut) in this stage's cache folder."""
+    removed = []
+    for scratch in stage_dir.glob(".tmp-*") if stage_dir.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if _owner_dead(scratch):
+                shutil.rmtree(scratch, ignore_errors=True)
+                removed.append(scratch)
+    return removed
+
+
+def _produce(entry: Path, key: str, spec: StageSpec, config: dict, produce: Callable[[Path], dict]) -> dict:
+    scratch = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex}"
+    scratch.mkdir(parents=True)
+    owner = open(scratch / OWNER, "w")
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    try:
+        metrics = produce(scratch)
+        files = {p.name: sha256_file(p) for p in sorted(scratch.iterdir()) if p.is_file() and p.name != OWNER}
+        record = {"stage": spec.name, "key": key, "config": config, "files": files, "metrics": metrics}
+        (scratch / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+        faults.point(f"cache-{spec.name}")
+        (scratch / OWNER).unlink()
+        try:
+            os.rename(scratch, entry)
+        except OSError:
+            # A concurrent build renamed the same content into place first; keep that one.
+            shutil.rmtree(scratch)
+            record = _intact(entry)
+            if record is None:
+                raise
+        return record
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    finally:
+        owner.close()
+
+
+def run_cached(cache_dir: str | Path, spec: StageSpec, config, inputs: dict[str, str],
+               produce: Callable[[Path], dict]) -> StageRecord:  # fmt: skip
     """Reuse the stage's cached output, or call `produce(folder)` to write it and return its metrics."""
     started = time.perf_counter()
-    key = stage_key(stage, config, input_id, target)
-    entry = Path(cache_dir) / stage / key
-    record = _intact(entry) if entry.exists() else None
-    reused = record is not None
-    if not reused:
-        if entry.exists():
-            shutil.rmtree(entry)  # damaged: a truncated file or a missing record
-        scratch = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex}"
-        scratch.mkdir(parents=True)
-        try:
-            metrics = produce(scratch)
-            files = {p.name: sha256_file(p) for p in sorted(scratch.iterdir()) if p.is_file()}
-            record = {"stage": stage, "key": key, "config": config, "files": files, "metrics": metrics}
-            (scratch / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
-            faults.point(f"cache-{stage}")
-            try:
-                os.rename(scratch, entry)
-            except OSError:
-                # A concurrent build renamed the same content into place first; keep that one.
-                shutil.rmtree(scratch)
-                record = _intact(entry)
-                if record is None:
-                    raise
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
+    key = spec.key(config, inputs)
+    fields = dataclasses.asdict(config)
+    entry = Path(cache_dir) / spec.name / key
+    try:
+        remove_dead_scratch(entry.parent)
+        record = _intact(entry) if entry.exists() else None
+        reused = record is not None
+        if not reused:
+            if entry.exists():
+                shutil.rmtree(entry)  # damaged: a truncated file or a missing record
+            record = _produce(entry, key, spec, fields, produce)
+    except OSError as err:
+        if err.errno not in WRITE_ERRORS:
             raise
+        raise CacheError(
+            f"the stage cache {entry.parent} cannot be written ({err.strerror or err}); free space or fix its "
+            "permissions, or pass another --cache-dir"
+        ) from None
     outputs = {name: str(entry / name) for name in record["files"]}
     return StageRecord(
-        name=stage,
+        name=spec.name,
         key=key,
-        config=config,
+        config=fields,
         outputs=outputs,
         metrics=record["metrics"],
         seconds=round(time.perf_counter() - started, 3),

@@ -7,12 +7,28 @@ import sys
 
 import click
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, TargetError
 
 
-def _fail(err: PipelineError) -> None:
-    click.echo(f"error: {err}", err=True)
-    sys.exit(err.exit_code)
+class _Commands(click.Group):
+    """The one place a PipelineError becomes a one-line `error:` and its exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PipelineError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+def verdict_table(rows: list[dict]) -> str:
+    """Each checked metric with its threshold and PASS or FAIL, one line each."""
+    lines = [f"  {'metric':<22} {'value':>10}   {'threshold':<12} verdict"]
+    for row in rows:
+        value = row["value"] if isinstance(row["value"], bool) else f"{row['value']:.4f}"
+        state = "PASS" if row["passed"] else "FAIL"
+        lines.append(f"  {row['metric']:<22} {value:>10}   {row['relation']} {row['threshold']:<9} {state}")
+    return "\n".join(lines)
 
 
 def _scores(metrics: dict) -> str:
@@ -20,7 +36,8 @@ def _scores(metrics: dict) -> str:
     return json.dumps({k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
 
 
-@click.group()
+@click.group(cls=_Commands)
+@click.version_option(package_name="pipeline", prog_name="pipeline")
 def main() -> None:
     """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
 
@@ -55,10 +72,7 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
             state = "pending"
         click.echo(f"  {record.name:<11} {state:<7} {record.seconds:8.2f}s")
 
-    try:
-        manifest = run_build(model, target, name, task, on_stage=show, **{k: v for k, v in options.items() if v})
-    except PipelineError as err:
-        _fail(err)
+    manifest = run_build(model, target, name, task, on_stage=show, **{k: v for k, v in options.items() if v})
     published = manifest.published
     reused = [r.name for r in manifest.stages if r.reused]
     if published["reused"]:
@@ -69,7 +83,8 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     if engine and engine["status"] == "pending":
         click.echo(f"engine pending: {engine['reason']}; every other stage is published")
     validation_metrics = manifest.stage("validate").metrics
-    click.echo(f"validation: {_scores(validation_metrics)}")
+    click.echo("validation against PyTorch on held-out text:")
+    click.echo(verdict_table(validation_metrics["verdict"]))
     if "int8_qdq" in validation_metrics:
         click.echo(f"validation of model.int8.onnx: {_scores(validation_metrics['int8_qdq'])}")
     for batch, row in (validation_metrics.get("speed") or {}).get("batches", {}).items():
@@ -87,14 +102,19 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
 @click.argument("artifact")
 @click.option("--data", default=None, help="held-out text (default: data/validation.txt)")
 def validate(artifact, data) -> None:
-    """Re-validate a published ARTIFACT against its PyTorch source checkpoint."""
-    from pipeline.validate import validate_artifact
+    """Re-validate a published ARTIFACT on this host against its PyTorch source checkpoint: PASS or FAIL per
+    threshold; the exit code is non-zero when any fails."""
+    from pipeline.errors import AccuracyError
+    from pipeline.stages.validate import validate_artifact
 
     try:
         stats = validate_artifact(artifact, data)
-    except PipelineError as err:
-        _fail(err)
-    click.echo(json.dumps(stats, indent=1, sort_keys=True))
+    except AccuracyError as err:
+        if err.stats is not None:
+            click.echo(verdict_table(err.stats["verdict"]))
+        raise
+    click.echo(verdict_table(stats["verdict"]))
+    click.echo(f"PASS: {artifact} meets every threshold of its target on this host")
 
 
 @main.command(name="inspect")
@@ -103,10 +123,7 @@ def inspect_artifact(artifact) -> None:
     """Verify ARTIFACT's hashes and print its manifest summary."""
     from pipeline.runtime import describe
 
-    try:
-        click.echo(json.dumps(describe(artifact), indent=1, sort_keys=True))
-    except PipelineError as err:
-        _fail(err)
+    click.echo(json.dumps(describe(artifact), indent=1, sort_keys=True))
 
 
 @main.command()
@@ -120,24 +137,23 @@ def inspect_artifact(artifact) -> None:
 @click.option("--method", default="entropy", show_default=True, help="calibration method for --calibration-memory")
 def bench(artifact, baseline, cache_dir, out, quick, calibration, method) -> None:
     """Benchmark ARTIFACT against PyTorch eager and its unoptimized and fp32 graphs."""
-    from pipeline.bench import bench as run_bench
-    from pipeline.bench import calibration_memory, markdown
+    from pipeline.bench import markdown, run
 
     if calibration:
+        from pipeline.bench.calibration import calibration_memory
+
         try:
-            rows = calibration_memory(artifact, cache_dir, [int(n) for n in calibration.split(",")], method)
-        except (PipelineError, ValueError) as err:
-            _fail(err if isinstance(err, PipelineError) else PipelineError(f"--calibration-memory: {err}"))
+            counts = [int(n) for n in calibration.split(",")]
+        except ValueError:
+            message = f"{calibration!r} is not a comma-separated list of counts, e.g. 1000,10000"
+            raise click.BadParameter(message) from None
+        rows = calibration_memory(artifact, cache_dir, counts, method)
         for row in rows:
             kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
             click.echo(f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
                        f"{row['seconds']} s")  # fmt: skip
         return
-    grid = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "budget_s": 0.5, "min_reps": 3} if quick else {}
-    try:
-        results = run_bench(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, **grid)
-    except PipelineError as err:
-        _fail(err)
+    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick)
     click.echo(markdown(results))
     written = "bench.json, bench.md" + ("" if "batches" in results else ", bench.png")
     click.echo(f"wrote {results['written_to']}/{written}")
@@ -158,17 +174,14 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
 
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "stop": list(stop)}  # fmt: skip
-    try:
-        model = load(artifact)
-        if not hasattr(model, "stream"):
-            raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
-        # One prompt at a time, so that each one's text streams out whole before the next begins.
-        for event in model.stream(list(prompts), batch_size=1, seed=seed, **settings):
-            click.echo(event.text, nl=False)
-            if event.finish_reason:
-                click.echo(f"\n[{event.finish_reason}]")
-    except PipelineError as err:
-        _fail(err)
+    model = load(artifact)
+    if not hasattr(model, "stream"):
+        raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
+    # One prompt at a time, so that each one's text streams out whole before the next begins.
+    for event in model.stream(list(prompts), batch_size=1, seed=seed, **settings):
+        click.echo(event.text, nl=False)
+        if event.finish_reason:
+            click.echo(f"\n[{event.finish_reason}]")
 
 
 @main.command()
@@ -177,15 +190,12 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
 @click.option("--data", default=None, help="held-out text to validate the engine on (default: data/validation.txt)")
 def engine(artifact, graphs, data) -> None:
     """Build ARTIFACT's TensorRT engines on this GPU host, into its engine cache, validated against its graphs."""
-    from pipeline.engine import build_artifact_engine
     from pipeline.runtime import artifact_graphs, verify_artifact
+    from pipeline.stages.engine import build_artifact_engine
 
-    try:
-        graphs = graphs or artifact_graphs(verify_artifact(artifact))
-        for graph in graphs:
-            click.echo(f"{graph}: engine {build_artifact_engine(artifact, graph, data)}")
-    except PipelineError as err:
-        _fail(err)
+    graphs = graphs or artifact_graphs(verify_artifact(artifact))
+    for graph in graphs:
+        click.echo(f"{graph}: engine {build_artifact_engine(artifact, graph, data)}")
 
 
 @main.command()
@@ -193,10 +203,16 @@ def targets() -> None:
     """List the available targets."""
     from pipeline.targets import available_targets, load_target
 
-    try:
-        for name in available_targets():
+    broken = []
+    for name in available_targets():
+        try:
             spec = load_target(name)
-            state = "" if spec.supported else "  (not yet supported)"
-            click.echo(f"{name:<12} {spec.description}{state}")
-    except PipelineError as err:
-        _fail(err)
+        except PipelineError as err:
+            broken.append(str(err))
+            continue
+        state = "" if spec.supported else "  (not yet supported)"
+        click.echo(f"{name:<12} {spec.description}{state}")
+    for problem in broken:
+        click.echo(f"error: {problem}", err=True)
+    if broken:
+        sys.exit(TargetError.exit_code)

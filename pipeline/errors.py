@@ -32,9 +32,14 @@ class QuantizationError(PipelineError):
 
 
 class AccuracyError(PipelineError):
-    """A candidate missed the target's accuracy thresholds; nothing was published."""
+    """A candidate missed the target's accuracy thresholds; nothing was published. `stats` holds the measured
+    statistics and their verdict rows, where they were measured."""
 
     exit_code = 6
+
+    def __init__(self, message: str, stats: dict | None = None):
+        super().__init__(message)
+        self.stats = stats
 
 
 class ArtifactError(PipelineError):
@@ -53,3 +58,9 @@ class EngineError(PipelineError):
     """A TensorRT engine could not be built here: no GPU or TensorRT, another GPU, or the builder failed."""
 
     exit_code = 9
+
+
+class CacheError(PipelineError):
+    """The stage cache folder cannot be read or written (full disk, read-only folder)."""
+
+    exit_code = 10

@@ -91,3 +91,40 @@ class Manifest:
     def graphs(self) -> dict[str, Path]:
         """The graphs this build publishes, by file name, as paths."""
         return {name: record.output(name) for name, record in self.graph_records().items()}
+
+
+def runtime_spec(manifest: Manifest, target) -> dict:
+    """What the loader needs to feed the graph and read its output: the export's spec, plus the runtime-only
+    settings of the target (batch size, overlong policy), which are not part of what is exported."""
+    spec = manifest.stage("export").metrics["spec"]
+    return {**spec, "batch_size": target.shapes.batch_size, "overlong": target.shapes.overlong}
+
+
+def session_of(target) -> dict:
+    """The session settings a build measures candidates with: the target's [runtime] table."""
+    return {
+        "intra_op_threads": target.runtime.intra_op_threads,
+        "graph_optimization_level": target.runtime.graph_optimization_level,
+    }
+
+
+def candidate_model(manifest: Manifest, target, graph_path=None, backend: str = "onnxruntime", session=None):
+    """The runtime object (Model or Generator) over the latest graph of this build (or `graph_path`) and the
+    exported tokenizer, run the way the published artifact will be."""
+    from pipeline.runtime.load import open_model
+
+    export = manifest.stage("export")
+    return open_model(
+        Path(graph_path or manifest.last_model().output(MODEL_GRAPH)),
+        export.output("tokenizer.json"),
+        runtime_spec(manifest, target),
+        session=session or session_of(target),
+        backend=backend,
+    )
+
+
+def examples(texts: list, task: str, generation) -> list:
+    """The held-out (or calibration) examples a build uses: decoders take the first `generation.prompts`."""
+    if task != "text-generation":
+        return texts
+    return texts[: generation.prompts]

@@ -17,8 +17,14 @@ from pipeline.errors import TargetError
 TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 
 DEVICES = ("cpu", "gpu")
-ENGINES = ("onnxruntime", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+ENGINES = ("onnxruntime", "openvino", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
+KERNEL_CLASSES = ("amx", "avx512-vnni", "avx512", "avx2", "any")
+CANDIDATE_ENGINES = ("onnxruntime", "openvino")
+CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8")
+CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf")
+# The target `native` resolves to, by the build host's kernel class (pipeline.runtime.host.kernel_class).
+NATIVE = {"amx": "cpu-amx", "avx512-vnni": "cpu-avx512", "avx512": "cpu-avx2", "avx2": "cpu-avx2"}
 QUANT_MODES = ("none", "dynamic", "static")
 QUANT_TYPES = ("int8", "uint8")
 QUANT_FORMATS = ("qoperator", "qdq")
@@ -143,6 +149,20 @@ class TensorRT:
 
 
 @dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One recipe the engine search builds, scores on the development split and times on the build host:
+    an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
+    its fallback; "nncf": OpenVINO's post-training int8). A candidate whose CPU flags the build host lacks is a row
+    in the report, not built."""
+
+    name: str
+    engine: str
+    precision: str
+    quantize: str = "none"
+    required_cpu_flags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
     """One hardware target, as read from `targets/<name>.toml`."""
 
@@ -161,26 +181,22 @@ class Target:
     accuracy: Accuracy = Accuracy()
     generation: Generation = Generation()
     tensorrt: TensorRT = TensorRT()
+    # The CPU kernel class the target is for: where the build host's class differs, its measurements are not the
+    # target's, and the build says so.
+    kernel_class: str = "any"
+    candidates: tuple[Candidate, ...] = ()
 
     def to_dict(self) -> dict:
         """A JSON-ready copy, used in cache keys and manifests."""
         return dataclasses.asdict(self)
 
 
-def with_headroom(accuracy: Accuracy, headroom: float) -> Accuracy:
-    """Stricter thresholds: scores move `headroom` of the way to 1, differences shrink by `headroom`."""
-    changes = {}
-    for field in dataclasses.fields(Accuracy):
-        value = getattr(accuracy, field.name)
-        if value is None:
-            continue
-        higher_is_better = not field.name.startswith("max_")
-        changes[field.name] = value + (1 - value) * headroom if higher_is_better else value * (1 - headroom)
-    return dataclasses.replace(accuracy, **changes)
-
-
 _CHOICES = {
     ("device",): DEVICES,
+    ("kernel_class",): KERNEL_CLASSES,
+    ("candidates", "engine"): CANDIDATE_ENGINES,
+    ("candidates", "precision"): CANDIDATE_PRECISIONS,
+    ("candidates", "quantize"): CANDIDATE_QUANTIZE,
     ("engine",): ENGINES,
     ("precision",): PRECISIONS,
     ("quantize", "mode"): QUANT_MODES,
@@ -194,6 +210,50 @@ _CHOICES = {
     ("runtime", "execution_mode"): EXECUTION_MODES,
     ("runtime", "candidate_execution_modes"): EXECUTION_MODES,
 }
+
+
+# (section, key) -> (lowest, highest); None leaves that side open. Checked where targets are parsed, nowhere else.
+_RANGES = {
+    ("optimize", "level"): (0, 99),
+    ("quantize", "smooth_alpha"): (0.0, 1.0),
+    ("quantize", "percentile"): (50.0, 100.0),
+    ("quantize", "calibration_batch_size"): (1, None),
+    ("quantize", "max_fp32_nodes"): (0, None),
+    ("quantize", "fallback_headroom"): (0.0, 0.99),
+    ("quantize", "calibration_examples"): (1, None),
+    ("shapes", "max_sequence_length"): (0, None),
+    ("shapes", "batch_size"): (1, 4096),
+    ("runtime", "intra_op_threads"): (0, 1024),
+    ("runtime", "inter_op_threads"): (0, 1024),
+    ("runtime", "candidate_threads"): (1, 1024),
+    ("accuracy", "cosine_min"): (-1.0, 1.0),
+    ("accuracy", "cosine_mean"): (-1.0, 1.0),
+    ("accuracy", "top10_agreement"): (0.0, 1.0),
+    ("accuracy", "top1_agreement"): (0.0, 1.0),
+    ("accuracy", "max_probability_diff"): (0.0, 1.0),
+    ("accuracy", "max_abs_diff"): (0.0, None),
+    ("accuracy", "greedy_match"): (0.0, 1.0),
+    ("generation", "new_tokens"): (1, None),
+    ("generation", "prompts"): (1, None),
+    ("generation", "speed_batch_sizes"): (1, 4096),
+    ("generation", "speed_new_tokens"): (2, None),
+    ("tensorrt", "min_batch"): (1, None),
+    ("tensorrt", "opt_batch"): (1, None),
+    ("tensorrt", "max_batch"): (1, None),
+    ("tensorrt", "min_sequence"): (1, None),
+    ("tensorrt", "opt_sequence"): (1, None),
+    ("tensorrt", "max_sequence"): (0, None),
+    ("tensorrt", "workspace_mb"): (1, None),
+    ("tensorrt", "builder_optimization_level"): (0, 5),
+}
+
+
+def _check_range(value, bounds, where: str) -> None:
+    low, high = bounds
+    for item in value if isinstance(value, tuple) else (value,):
+        if item != item or (low is not None and item < low) or (high is not None and item > high):
+            span = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise TargetError(f"{where}: {item!r} is out of range; it must be {span}")
 
 
 def _type_name(tp) -> str:
@@ -240,12 +300,22 @@ def _build(cls, table: dict, path: Path, prefix: tuple[str, ...]):
                 raise TargetError(f"{where} is required and missing")
             continue
         tp = hints[name]
+        if typing.get_origin(tp) is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            if not isinstance(table[name], list) or not all(isinstance(t, dict) for t in table[name]):
+                raise TargetError(f"{where}: expected [[{name}]] tables, got {table[name]!r}")
+            values[name] = tuple(_build(typing.get_args(tp)[0], t, path, prefix + (name,)) for t in table[name])
+            names = [item.name for item in values[name]]
+            if len(set(names)) != len(names):
+                raise TargetError(f"{where}: two [[{name}]] share a name; each needs its own")
+            continue
         if dataclasses.is_dataclass(tp):
             if not isinstance(table[name], dict):
                 raise TargetError(f"{where}: expected a [{name}] table, got {table[name]!r}")
             values[name] = _build(tp, table[name], path, prefix + (name,))
             continue
         value = _coerce(table[name], tp, where)
+        if prefix + (name,) in _RANGES:
+            _check_range(value, _RANGES[prefix + (name,)], where)
         choices = _CHOICES.get(prefix + (name,))
         for item in value if isinstance(value, tuple) else (value,):
             if choices and item not in choices:
@@ -274,8 +344,23 @@ def available_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(targets_dir).glob("*.toml"))
 
 
+def native_target(kernel_class: str) -> str:
+    """The target of a host's kernel class, for `--target native`."""
+    if kernel_class not in NATIVE:
+        raise TargetError(
+            f"this host's CPU (kernel class {kernel_class}) has no native target: it lacks AVX2 and FMA, which every "
+            "CPU target needs. Build a named target for the host you deploy to, e.g. --target cpu-avx2"
+        )
+    return NATIVE[kernel_class]
+
+
 def load_target(name_or_path: str | Path, targets_dir: Path = TARGETS_DIR) -> Target:
-    """A target by name (`cpu-avx2`) from `targets_dir`, or by path to a .toml file."""
+    """A target by name (`cpu-avx2`) from `targets_dir`, or by path to a .toml file. `native` is the target of
+    the build host's kernel class (see `native_target`)."""
+    if str(name_or_path) == "native":
+        from pipeline.runtime.host import kernel_class
+
+        name_or_path = native_target(kernel_class())
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml":
         return target_from_toml(candidate)

@@ -34,13 +34,14 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     return make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-gpt2", "gpt2")
 
 
-def _publish(checkpoint: Path, texts_file: Path, root: Path) -> Path:
-    """Build `checkpoint` for cpu-avx2 into `root`/artifacts (stage cache in `root`/cache); the artifact's path."""
+def _publish(checkpoint: Path, texts_file: Path, calibration: Path, root: Path) -> Path:
+    """Build `checkpoint` for cpu-avx2 into `root`/artifacts (stage cache in `root`/cache), calibrated on other text
+    than it is validated on; the artifact's path."""
     from pipeline.build import build
 
     manifest = build(
         checkpoint, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
-        validation=texts_file, calibration=texts_file,
+        validation=texts_file, calibration=calibration,
     )  # fmt: skip
     return Path(manifest.published["path"])
 
@@ -48,13 +49,33 @@ def _publish(checkpoint: Path, texts_file: Path, root: Path) -> Path:
 @pytest.fixture(scope="session")
 def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
     """The tiny GPT-2 built for cpu-avx2 (dynamic int8), once per session. Copy it before changing it."""
-    return _publish(tiny_gpt2, texts_file, tmp_path_factory.mktemp("published-gpt2"))
+    return _publish(tiny_gpt2, texts_file, texts_file, tmp_path_factory.mktemp("published-gpt2"))
 
 
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A tiny random BERT for feature extraction (mean pooling, no sentence-transformers config)."""
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-bert")
+
+
+CALIBRATION_TEXTS = [
+    "Rain is expected across the north by the weekend.",
+    "She parked the bicycle beside the library.",
+    "Reset the router and wait two minutes.",
+    "The recipe needs three eggs and a cup of flour.",
+    "Our flight was cancelled, so we took the night train.",
+    "yes",
+    "Mathematics rewards patience more than speed.",
+    "The museum opens at nine on weekdays and ten on Sundays.",
+]
+
+
+@pytest.fixture(scope="session")
+def calibration_file(tmp_path_factory) -> Path:
+    """Calibration text that shares no line with `texts_file`, the held-out text."""
+    path = tmp_path_factory.mktemp("data") / "calibration.txt"
+    path.write_text("\n".join(CALIBRATION_TEXTS) + "\n", encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -92,9 +113,9 @@ def build_dirs(tmp_path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def published(tiny_bert, texts_file, tmp_path_factory) -> Path:
+def published(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
     """One artifact of the tiny BERT, built once per session. Copy it before changing it."""
-    return _publish(tiny_bert, texts_file, tmp_path_factory.mktemp("published"))
+    return _publish(tiny_bert, texts_file, calibration_file, tmp_path_factory.mktemp("published"))
 
 
 @pytest.fixture

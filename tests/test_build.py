@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.build import STAGES, build
+from pipeline.build import build
 from pipeline.errors import AccuracyError, InputError, TargetError
 from pipeline.runtime import load
 
@@ -14,22 +14,6 @@ from .tiny import make_checkpoint
 
 def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):
     return build(checkpoint, target, validation=texts_file, calibration=texts_file, **dirs, **kwargs)
-
-
-def test_stage_table_runs_in_product_order():
-    names = [name for name, _ in STAGES]
-    assert names == [
-        "checkpoint",
-        "export",
-        "optimize",
-        "quantize",
-        "fp16",
-        "int8_qdq",
-        "validate",
-        "tune",
-        "engine",
-        "publish",
-    ]
 
 
 def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):

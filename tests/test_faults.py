@@ -55,7 +55,11 @@ def base(tiny_bert, texts_file, tmp_path_factory):
     return root, changed
 
 
-@pytest.mark.parametrize("fault", POINTS)
+# Two points run in the fast tier; every point runs in the slow one.
+FAST_POINTS = ("cache-quantize", "publish-staged")
+
+
+@pytest.mark.parametrize("fault", [p if p in FAST_POINTS else pytest.param(p, marks=pytest.mark.slow) for p in POINTS])
 def test_build_killed_at_fault_point_loses_nothing(fault, base, tiny_bert, texts_file, tmp_path):
     root, changed = base
     for name in ("artifacts", "cache"):

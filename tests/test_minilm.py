@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from pipeline.build import build
-from pipeline.checkpoint import default_checkpoint
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load
+from pipeline.stages.checkpoint import default_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import TargetError
-from pipeline.targets import Target, available_targets, load_target, target_from_toml, with_headroom
+from pipeline.metrics import with_headroom
+from pipeline.targets import Target, available_targets, load_target, target_from_toml
 
 from .conftest import write_target
 

@@ -1,0 +1,38 @@
+"""Benchmarks: the compared variants side by side in one process, alternating run by run.
+
+encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact; bucketing, Batcher
+generation.py   decoders: time to first token and decode tokens/s against transformers' generate
+calibration.py  peak memory of static calibration
+plot.py, common.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None = "pytorch", quick: bool = False):
+    """Benchmark an artifact: the decoder benchmark for text generation, else the encoder one."""
+    from pipeline.runtime.artifact import verify_artifact
+
+    manifest = verify_artifact(artifact)
+    if manifest["model"]["task"] == "text-generation":
+        from pipeline.bench.generation import bench_generation
+
+        settings = {"batch_sizes": (1, 8), "new_tokens": 16, "reps": 2} if quick else {}
+        return bench_generation(artifact, out_dir, baseline=baseline, **settings)
+    from pipeline.bench.encoder import bench
+
+    settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "budget_s": 0.5, "min_reps": 3} if quick else {}
+    return bench(artifact, cache_dir, out_dir, baseline=baseline, **settings)
+
+
+def markdown(results: dict) -> str:
+    """A benchmark's results as Markdown."""
+    if "batches" in results:
+        from pipeline.bench.generation import markdown as generation_markdown
+
+        return generation_markdown(results)
+    from pipeline.bench.encoder import markdown as encoder_markdown
+
+    return encoder_markdown(results)

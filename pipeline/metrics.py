@@ -1,0 +1,161 @@
+"""Comparisons, thresholds and the verdict: how a candidate's outputs are scored against a reference, and which
+target thresholds it misses. Used by validate, quantize (the fallback and the search), engine and bench.
+
+Every statistic is named; scores (cosine, agreement) pass at or above their threshold, differences at or below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pipeline.targets import Accuracy
+
+# metric name -> (threshold field, True when higher is better)
+CHECKS = {
+    "cosine_min": ("cosine_min", True),
+    "cosine_mean": ("cosine_mean", True),
+    "top10_agreement": ("top10_agreement", True),
+    "top1_agreement": ("top1_agreement", True),
+    "max_probability_diff": ("max_probability_diff", False),
+    "max_abs_diff": ("max_abs_diff", False),
+    "greedy_match": ("greedy_match", True),
+}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _top_k(vectors: np.ndarray, k: int) -> np.ndarray:
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, -np.inf)
+    return np.argsort(-sims, axis=1)[:, :k]
+
+
+def greedy_stats(reference: list, candidate: list) -> dict:
+    """How far greedy continuations agree: the share of prompts that match token for token, and the mean share
+    of each reference continuation reproduced before the first differing token."""
+    exact, prefix = [], []
+    for ref, cand in zip(reference, candidate, strict=True):
+        ref, cand = list(ref), list(cand)
+        same = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b), min(len(ref), len(cand)))
+        exact.append(ref == cand)
+        prefix.append(same / max(len(ref), 1))
+    return {"greedy_match": float(np.mean(exact)), "greedy_prefix_agreement": float(np.mean(prefix))}
+
+
+def _embedding_stats(reference: np.ndarray, candidate: np.ndarray) -> dict:
+    cos = (reference * candidate).sum(1) / (np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)).clip(
+        1e-12
+    )
+    stats = {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
+    k = min(10, len(reference) - 1)
+    if k > 0:
+        ref, cand = _top_k(reference, k), _top_k(candidate, k)
+        stats["top10_agreement"] = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, cand, strict=True)]))
+    return stats
+
+
+def compare(metric: str, reference, candidate) -> dict:
+    """Accuracy statistics of `candidate` against `reference` for a task's metric kind (for generation, both are
+    {"logits": next-token logits, "tokens": greedy continuations})."""
+    if metric == "generation":
+        stats = compare("classification", reference["logits"], candidate["logits"])
+        return {**stats, **greedy_stats(reference["tokens"], candidate["tokens"])}
+    if metric == "token-classification":
+        reference, candidate = np.concatenate(reference), np.concatenate(candidate)
+    reference = np.asarray(reference, dtype=np.float64)
+    candidate = np.asarray(candidate, dtype=np.float64)
+    if not np.isfinite(candidate).all():
+        return {"finite": False, "max_abs_diff": float("inf")}
+    stats = {"max_abs_diff": float(np.abs(reference - candidate).max())}
+    if metric == "embedding":
+        stats.update(_embedding_stats(reference, candidate))
+    else:
+        stats["top1_agreement"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
+        stats["max_probability_diff"] = float(np.abs(_softmax(reference) - _softmax(candidate)).max())
+    return stats
+
+
+def worst(a: dict, b: dict) -> dict:
+    """Per statistic, the worse of two measurements."""
+    merged = {}
+    for key in a.keys() | b.keys():
+        values = [d[key] for d in (a, b) if key in d]
+        higher_better = CHECKS.get(key, (None, True))[1]
+        merged[key] = min(values) if higher_better else max(values)
+    return merged
+
+
+def verdict(stats: dict, accuracy: Accuracy) -> list[dict]:
+    """One row per threshold the target sets and the statistics hold: metric, value, threshold, relation, passed."""
+    rows = []
+    if stats.get("finite") is False:
+        return [{"metric": "finite", "value": False, "threshold": True, "relation": "==", "passed": False}]
+    for name, (field, higher_better) in CHECKS.items():
+        threshold = getattr(accuracy, field)
+        if threshold is None or name not in stats:
+            continue
+        value = stats[name]
+        passed = value >= threshold if higher_better else value <= threshold
+        rows.append({"metric": name, "value": value, "threshold": threshold,
+                     "relation": ">=" if higher_better else "<=", "passed": bool(passed)})  # fmt: skip
+    return rows
+
+
+def failures(stats: dict, accuracy: Accuracy) -> list[str]:
+    """One line per threshold missed; an empty list means the candidate passes."""
+    if stats.get("finite") is False:
+        return ["the candidate outputs NaN or inf"]
+    return [
+        f"{row['metric']} = {row['value']:.4f}, needs {row['relation']} {row['threshold']}"
+        for row in verdict(stats, accuracy)
+        if not row["passed"]
+    ]
+
+
+def closeness(stats: dict, accuracy: Accuracy) -> float:
+    """How near a candidate came to its thresholds: the worst margin (value - threshold for scores, threshold -
+    value for differences); >= 0 passes. Ranks failed candidates in an all-fail message."""
+    rows = verdict(stats, accuracy)
+    if not rows:
+        return 0.0
+    if rows[0]["metric"] == "finite":
+        return float("-inf")
+    return min((r["value"] - r["threshold"]) if r["relation"] == ">=" else (r["threshold"] - r["value"]) for r in rows)
+
+
+def with_headroom(accuracy: Accuracy, headroom: float) -> Accuracy:
+    """Stricter thresholds: scores move `headroom` of the way to 1, differences shrink by `headroom`."""
+    changes = {}
+    for field in dataclasses.fields(Accuracy):
+        value = getattr(accuracy, field.name)
+        if value is None:
+            continue
+        higher_is_better = not field.name.startswith("max_")
+        changes[field.name] = value + (1 - value) * headroom if higher_is_better else value * (1 - headroom)
+    return dataclasses.replace(accuracy, **changes)
+
+
+def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: int = 0):
+    """What validation compares, from a runtime model: its outputs, or for generation its next-token logits and
+    its greedy continuations of `new_tokens` tokens."""
+    if metric != "generation":
+        return model.run(texts, batch_size=batch_size)
+    completions = model.generate(texts, batch_size=batch_size, max_new_tokens=new_tokens, do_sample=False)
+    return {"logits": model.run(texts, batch_size=batch_size), "tokens": [c.token_ids for c in completions]}
+
+
+def measure(model, texts: list[str], reference, metric: str, batch_size: int, new_tokens: int = 0) -> dict:
+    """Statistics of the model at batch size 1 and at `batch_size`, the worse of each; for embeddings also how far
+    one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch)."""
+    single = outputs(model, texts, metric, 1, new_tokens)
+    batched = outputs(model, texts, metric, batch_size, new_tokens)
+    stats = worst(compare(metric, reference, single), compare(metric, reference, batched))
+    if metric in ("embedding", "classification"):
+        stats["batch_spread_max_abs"] = float(np.abs(np.asarray(single) - np.asarray(batched)).max())
+    return stats

@@ -1,0 +1,204 @@
+"""ONNX Runtime quantization, as library functions over graph files: dynamic and static int8, the calibration
+reader, SmoothQuant-style smoothing, and the activation ranges it needs.
+
+Smoothing: transformer activations have a few channels far larger than the rest, and a per-tensor activation
+scale spends all of int8 on them. For each quantized node Y = X @ W, a per-input-channel factor s moves that range
+into the weights, which are quantized per channel:
+
+    X --MatMul(W)--> Y      becomes      X --Mul(1/s)--> X' --MatMul(diag(s) W)--> Y
+
+s_j = max|X_j|^alpha / max|W_j|^(1-alpha), from activation ranges on the calibration text.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import QuantizationError
+from pipeline.quiet import silenced
+
+
+def quantizable_nodes(model, op_types) -> list:
+    """Nodes of the given op types whose weight (input 1) is a constant initializer."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [n for n in model.graph.node if n.op_type in op_types and len(n.input) > 1 and n.input[1] in initializers]
+
+
+def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_size: int) -> dict[str, np.ndarray]:
+    """Per-channel max |x| of each node's input 0 over the calibration text (padding excluded)."""
+    import onnx
+    import onnxruntime as ort
+
+    graph = onnx.load(str(source))
+    names = sorted({n.input[0] for n in nodes})
+    known = {o.name for o in graph.graph.output}
+    for name in names:
+        if name not in known:
+            graph.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    encodings = model.encode(texts)
+    ranges: dict[str, np.ndarray] = {}
+    for start in range(0, len(encodings), batch_size):
+        feeds = model.feeds(encodings[start : start + batch_size])
+        mask = feeds["attention_mask"].astype(bool)
+        for name, value in zip(names, session.run(names, feeds), strict=True):
+            # Padding is left out where the activation has the mask's [batch, sequence] shape (a decoder's LM head
+            # sees the last position only).
+            value = np.abs(value[mask] if value.shape[:2] == mask.shape else value)
+            peak = value.reshape(-1, value.shape[-1]).max(0)
+            ranges[name] = np.maximum(ranges.get(name, 0.0), peak)
+    return ranges
+
+
+def smooth(source: Path, out: Path, ranges: dict[str, np.ndarray], op_types, alpha: float) -> list[str]:
+    """Write a smoothed copy of `source` to `out`; returns the names of the nodes smoothed."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(source))
+    initializers = {i.name: i for i in graph.graph.initializer}
+    targets = {n.name for n in quantizable_nodes(graph, op_types)}
+    nodes, smoothed, users = [], [], {}
+    for node in graph.graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    for node in graph.graph.node:
+        weight_name = node.input[1] if len(node.input) > 1 else None
+        # A weight shared by two nodes cannot be rescaled for one of them alone.
+        if node.name in targets and users.get(weight_name) == 1 and node.input[0] in ranges:
+            weight = numpy_helper.to_array(initializers[weight_name])
+            act = ranges[node.input[0]]
+            if weight.ndim == 2 and act.shape[0] == weight.shape[0]:
+                w_max = np.abs(weight).max(1)
+                scale = (np.maximum(act, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)).astype(np.float32)
+                initializers[weight_name].CopyFrom(numpy_helper.from_array(weight * scale[:, None], weight_name))
+                scale_name = f"{node.name}_smooth_inv_scale"
+                graph.graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), scale_name))
+                scaled = f"{node.input[0]}_smoothed_for_{node.name}"
+                nodes.append(
+                    onnx.helper.make_node("Mul", [node.input[0], scale_name], [scaled], name=f"{node.name}_smooth")
+                )
+                node.input[0] = scaled
+                smoothed.append(node.name)
+        nodes.append(node)
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    onnx.save(graph, str(out))
+    return smoothed
+
+
+def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -> None:
+    """ONNX Runtime dynamic quantization with the target's settings; `only` restricts it to those nodes."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+
+    weight_type = QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8
+    with silenced():
+        try:
+            ort_quantize_dynamic(
+                str(source), str(out), per_channel=settings.per_channel, reduce_range=settings.reduce_range,
+                weight_type=weight_type, op_types_to_quantize=list(settings.op_types),
+                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []),
+                # Fused ops (SkipLayerNormalization...) have no ONNX shape inference; without this their
+                # outputs' type is unknown and quantization stops with "Unable to find data type".
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )  # fmt: skip
+        except Exception as err:  # onnxruntime raises bare Exceptions here
+            raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
+
+
+def calibration_reader(model, texts: list[str], batch_size: int):
+    """A CalibrationDataReader over the calibration text that holds token ids only, never activations.
+
+    Every batch is padded to one length (the longest text's), since ONNX Runtime's histogram calibrators fail on
+    batches of different shapes. `set_range` lets the calibrator consume it one batch at a time, so memory stays
+    flat however many examples there are.
+    """
+    from onnxruntime.quantization import CalibrationDataReader
+
+    encodings = model.encode(texts)
+    width = max(len(e.ids) for e in encodings)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = [encodings[i : i + batch_size] for i in range(0, len(encodings), batch_size)]
+            self.set_range(0, len(self.batches))
+
+        def __len__(self) -> int:
+            return len(self.batches)
+
+        def set_range(self, start_index: int, end_index: int) -> None:
+            self.pending = iter(range(start_index, min(end_index, len(self.batches))))
+
+        def get_next(self):
+            index = next(self.pending, None)
+            if index is None:
+                return None
+            feeds = model.feeds(self.batches[index])
+            pad = width - feeds["input_ids"].shape[1]
+            pad_ids = {"input_ids": int(model.spec["pad_id"])}
+            return {k: np.pad(v, ((0, 0), (0, pad)), constant_values=pad_ids.get(k, 0)) for k, v in feeds.items()}
+
+    return Reader()
+
+
+def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Path, exclude=(), only=None) -> None:
+    """ONNX Runtime static quantization; activation ranges are computed once into `ranges_cache` and reused."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[settings.calibration_method]  # fmt: skip
+    with silenced():
+        try:
+            ort_quantize_static(
+                str(source), str(out), None if ranges_cache.exists() else reader,
+                quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
+                op_types_to_quantize=list(settings.op_types), per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range,
+                activation_type=QuantType.QInt8 if settings.activation_type == "int8" else QuantType.QUInt8,
+                weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
+                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []), calibrate_method=method,
+                calibration_cache_path=str(ranges_cache),
+                extra_options={
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                    "CalibStridedMinMax": 1,  # one batch per collect: activations are never all held at once
+                    "CalibPercentile": settings.percentile,
+                    # Zero points of 0: TensorRT takes only symmetric int8 from Q/DQ nodes.
+                    "ActivationSymmetric": settings.symmetric,
+                    "WeightSymmetric": settings.symmetric or settings.weight_type == "int8",
+                },
+            )  # fmt: skip
+        except Exception as err:  # onnxruntime raises bare Exceptions here
+            raise QuantizationError(f"static quantization of {source} failed: {err}") from None
+
+
+def with_shapes(source: Path, out: Path) -> Path:
+    """A copy of `source` with symbolic shape inference run over it: fused ops have no ONNX shape inference, and
+    static quantization needs every activation's type."""
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    with silenced():
+        inferred = SymbolicShapeInference.infer_shapes(onnx.load(str(source)), auto_merge=True)
+    onnx.save(inferred, str(out))
+    return out
+
+
+def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
+    """Median milliseconds of one run at batch 1 and at `batch`, on calibration text, for the report."""
+    timings = {}
+    for name, chunk in (("latency_ms_batch_1", texts[:1]), (f"latency_ms_batch_{batch}", texts[:batch])):
+        model.run(chunk)
+        runs = []
+        for _ in range(reps):
+            begun = time.perf_counter()
+            model.run(chunk)
+            runs.append((time.perf_counter() - begun) * 1000)
+        timings[name] = sorted(runs)[reps // 2]
+    return timings

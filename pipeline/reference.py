@@ -1,0 +1,187 @@
+"""Every PyTorch baseline in one place: the checkpoint's model and tokenizer, its outputs on text (what validation
+compares against), and the runners the benchmarks time (encoder forward, transformers' generate).
+
+Build-side only: imports torch and transformers, lazily.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.manifest import Checkpoint
+from pipeline.tasks import ARCHITECTURES, TASKS
+
+
+def checkpoint_from_source(source: dict) -> Checkpoint:
+    """The Checkpoint a published manifest's `source` field describes."""
+    return Checkpoint(config={}, **source)
+
+
+def load_torch_model(checkpoint: Checkpoint, dtype: str = "float32"):
+    """The checkpoint's PyTorch model for its task, in eval mode, with eager attention."""
+    import transformers
+
+    auto = getattr(transformers, TASKS[checkpoint.task].auto_class)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = auto.from_pretrained(checkpoint.path, attn_implementation="eager", dtype=dtype)
+    except Exception as err:  # safetensors, torch and transformers each raise their own types for bad files
+        first = (str(err).splitlines() or [""])[0]
+        raise InputError(
+            f"could not load the weights in {checkpoint.path} ({type(err).__name__}: {first}); "
+            "the weight files are missing or corrupt: save the checkpoint again"
+        ) from None
+    return model.eval()
+
+
+def load_hf_tokenizer(checkpoint: Checkpoint):
+    """The checkpoint's fast tokenizer (the Rust one the runtime uses, through transformers)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, use_fast=True)
+    except (OSError, ValueError) as err:
+        raise InputError(f"could not load the tokenizer in {checkpoint.path}: {str(err).splitlines()[0]}") from None
+    if not tokenizer.is_fast:
+        raise InputError(f"{checkpoint.path} has no fast (Rust) tokenizer; the runtime needs tokenizer.json")
+    return tokenizer
+
+
+def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
+    """An nn.Module whose forward takes the named inputs positionally and returns the task's output: the pooled
+    (and, for sentence-transformers, normalized) embedding, or the logits."""
+    import torch
+
+    pooling = checkpoint.pooling
+
+    class Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            kwargs = dict(zip(input_names, inputs, strict=True))
+            out = self.model(**kwargs)
+            if pooling is None:
+                return out.logits
+            hidden = out.last_hidden_state
+            mask = kwargs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            if pooling["mode"] == "cls":
+                pooled = hidden[:, 0]
+            elif pooling["mode"] == "max":
+                pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
+            else:
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            if pooling["normalize"]:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return pooled
+
+    return Pooled().eval()
+
+
+def generation_outputs(model, tokenizer, texts: list[str], new_tokens: int, max_length: int) -> dict:
+    """transformers' next-token logits and `generate(do_sample=False)` continuations, one prompt at a time
+    (no padding), with the checkpoint's generation_config.json as it stands; prompts are cut from the left to
+    leave room for the new tokens, as the runtime cuts them."""
+    import torch
+
+    logits, tokens = [], []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.inference_mode():
+        for text in texts:
+            ids = torch.tensor([tokenizer(text)["input_ids"][-(max_length - new_tokens) :]])
+            mask = torch.ones_like(ids)
+            logits.append(model(input_ids=ids, attention_mask=mask).logits[0, -1].float().numpy())
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, pad_token_id=pad
+            )
+            tokens.append(tuple(out[0, ids.shape[1] :].tolist()))
+    return {"logits": np.stack(logits), "tokens": tokens}
+
+
+def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
+    import torch
+
+    tokenizer = load_hf_tokenizer(checkpoint)
+    model = load_torch_model(checkpoint)
+    inputs = {"input_ids", "attention_mask"} | (
+        {"token_type_ids"} if ARCHITECTURES[checkpoint.model_type].token_type_ids else set()
+    )
+    outputs = []
+    with torch.inference_mode():
+        for text in texts:
+            pair = (text,) if isinstance(text, str) else text
+            enc = tokenizer(
+                *([p] for p in pair), truncation=True, max_length=checkpoint.max_length, return_tensors="pt"
+            )
+            out = model(**{k: v for k, v in enc.items() if k in inputs})
+            if checkpoint.task == "feature-extraction":
+                hidden = out.last_hidden_state[0]
+                mode = checkpoint.pooling["mode"]
+                vector = hidden[0] if mode == "cls" else hidden.max(0).values if mode == "max" else hidden.mean(0)
+                outputs.append(vector.numpy())
+            else:
+                outputs.append(out.logits[0].numpy())
+    return outputs
+
+
+def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
+    """The PyTorch baseline: SentenceTransformer.encode for sentence-transformers checkpoints, else the
+    transformers model with the same pooling or head; token classification gives one array per text; text
+    generation gives next-token logits and greedy continuations of `new_tokens` tokens."""
+    if checkpoint.task == "feature-extraction" and (checkpoint.pooling or {}).get("normalize"):
+        model = sentence_transformer(checkpoint)
+        return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
+    if checkpoint.task == "text-generation":
+        model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
+        return generation_outputs(model, tokenizer, texts, new_tokens, checkpoint.max_length)
+    outputs = _encoder_outputs(checkpoint, texts)
+    return outputs if checkpoint.task == "token-classification" else np.stack(outputs)
+
+
+def sentence_transformer(checkpoint: Checkpoint, dtype: str = "float32"):
+    """SentenceTransformer over the checkpoint, on the CPU, in `dtype` (bfloat16 is the one-argument peer)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(checkpoint.path, device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
+    model.max_seq_length = checkpoint.max_length
+    return model
+
+
+def encoder_runner(checkpoint: Checkpoint, input_names: list[str], threads: int, dtype: str = "float32"):
+    """run(feeds) -> numpy output: the PyTorch model with the export's pooling, on the same token ids an ONNX graph
+    gets, at `threads` threads and in `dtype`."""
+    import torch
+
+    torch.set_num_threads(threads)
+    module = pooled_module(load_torch_model(checkpoint, dtype), checkpoint, input_names)
+
+    def run(feeds: dict):
+        with torch.inference_mode():
+            return module(*(torch.from_numpy(feeds[n]) for n in input_names)).float().numpy()
+
+    return run
+
+
+def generate_runner(model, tokenizer):
+    """generate(batch, n): transformers' greedy generate of exactly n tokens per prompt, left-padded."""
+    import torch
+
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = pad
+
+    def run(batch: list[str], n: int):
+        enc = tokenizer(batch, return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            return model.generate(
+                **enc, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad, use_cache=True
+            )
+
+    return run

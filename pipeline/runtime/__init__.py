@@ -1,0 +1,35 @@
+"""What a production process imports: load a verified artifact and run it.
+
+Imports only the standard library, numpy, tokenizers and the artifact's engine (onnxruntime, openvino or tensorrt),
+and nothing of the build (a test parses every module here and fails on any other import). Usage:
+
+    from pipeline.runtime import load
+    model = load("artifacts/all-minilm-l6-v2/latest/cpu-avx2")
+    vectors = model.run(["a sentence", "another"])
+
+    artifact.py    the manifest schema, hashing, verification        host.py     CPU flags, kernel class, GPU probe
+    load.py        load(): verify, pick the backend, open            encoder.py  Model (embeddings, classifiers)
+    generation.py  Generator (decoders with a KV cache)              batcher.py  Batcher (dynamic batching)
+    text.py        tokenizer and input checks                        engine_cache.py  TensorRT engine cache policy
+    backends/      onnxruntime.py, openvino.py, tensorrt.py: one session interface
+"""
+
+from pipeline.runtime.artifact import artifact_graphs, canonical_json, describe, sha256_file, verify_artifact
+from pipeline.runtime.host import HostMismatchWarning, cpu_flags, kernel_class
+from pipeline.runtime.load import BACKENDS, EngineFallbackWarning, load, open_model, set_engine_builder
+
+__all__ = [
+    "BACKENDS",
+    "EngineFallbackWarning",
+    "HostMismatchWarning",
+    "artifact_graphs",
+    "canonical_json",
+    "cpu_flags",
+    "describe",
+    "kernel_class",
+    "load",
+    "open_model",
+    "set_engine_builder",
+    "sha256_file",
+    "verify_artifact",
+]

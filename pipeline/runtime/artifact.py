@@ -1,0 +1,196 @@
+"""A published artifact on disk: its manifest schema, the hashing the build and the loader share, and the check
+that every file is the one the build validated.
+
+    artifacts/<model>/v<N>/<target>/   <graph files>  tokenizer.json  report.json  manifest.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pipeline.errors import ArtifactError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_SCHEMA = 2
+_MANIFEST_FIELDS = {
+    "manifest_sha256": str,
+    "model_name": str,
+    "version": str,
+    "target": str,
+    "graph": str,
+    "backend": str,
+    "files": dict,
+    "model": dict,
+    "session": dict,
+    "target_spec": dict,
+    "host": dict,
+}
+TASKS = ("feature-extraction", "sequence-classification", "token-classification", "text-generation")
+_DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
+_MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
+# Optional settings the loader reads, with the check each must pass: (field, key) -> (test, what it must be).
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(s, str) for s in v)
+
+
+_SETTINGS = {
+    ("session", "intra_op_threads"): (_count, "an int >= 0"),
+    ("session", "inter_op_threads"): (_count, "an int >= 0"),
+    ("session", "graph_optimization_level"): (lambda v: v in ("disabled", "basic", "extended", "all"), "a level"),
+    ("session", "execution_mode"): (lambda v: v in ("sequential", "parallel"), "sequential or parallel"),
+    ("session", "allow_spinning"): (lambda v: isinstance(v, bool), "true or false"),
+    ("session", "inference_precision"): (lambda v: v in ("f32", "bf16", "f16"), "f32, bf16 or f16"),
+    ("target_spec", "required_cpu_flags"): (_strings, "a list of strings"),
+    ("target_spec", "precision"): (lambda v: isinstance(v, str), "a string"),
+    ("target_spec", "engine"): (lambda v: isinstance(v, str), "a string"),
+    ("target_spec", "tensorrt"): (lambda v: isinstance(v, dict), "a table"),
+    ("host", "cpu_flags"): (lambda v: v is None or _strings(v), "a list of strings or null"),
+    ("host", "kernel_class"): (lambda v: isinstance(v, str), "a string"),
+    ("model", "task"): (lambda v: v in TASKS, "one of " + ", ".join(TASKS)),
+    ("model", "overlong"): (lambda v: v in ("truncate", "refuse"), "truncate or refuse"),
+    ("model", "max_length"): (lambda v: _count(v) and v > 0, "a positive int"),
+    ("model", "batch_size"): (lambda v: _count(v) and v > 0, "a positive int"),
+    ("model", "inputs"): (_strings, "a list of strings"),
+    ("model", "past"): (_strings, "a list of strings"),
+    ("model", "eos_token_ids"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of ids"),
+    ("model", "defaults"): (lambda v: isinstance(v, dict), "a table"),
+}
+# The files a backend runs, by the graph file the manifest names: OpenVINO IR is an .xml with its .bin weights.
+GRAPH_SUFFIXES = (".onnx", ".xml")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def canonical_json(value) -> bytes:
+    """The one JSON encoding hashed anywhere in the pipeline: sorted keys, no whitespace."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of a manifest's canonical JSON without its own `manifest_sha256` field."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def _read_manifest(path: Path, root: Path) -> dict:
+    manifest_path = root / MANIFEST_NAME
+    if manifest_path.is_symlink():
+        raise ArtifactError(f"{manifest_path} is a symlink (to {os.readlink(manifest_path)}); it must be a plain file")
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not a published artifact. Build one with `make build`.")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{manifest_path} is not valid JSON ({err}); the artifact is damaged, rebuild it") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        raise ArtifactError(
+            f"{manifest_path}: manifest schema {manifest.get('schema') if isinstance(manifest, dict) else None!r}, "
+            f"but this loader reads schema {MANIFEST_SCHEMA}; rebuild the artifact with this version"
+        )
+    for key, kind in _MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(key), kind):
+            raise ArtifactError(f"{manifest_path}: field {key!r} is missing or not a {kind.__name__}; rebuild it")
+    for key, kind in _MODEL_FIELDS.items():
+        if not isinstance(manifest["model"].get(key), kind) or isinstance(manifest["model"].get(key), bool):
+            raise ArtifactError(f"{manifest_path}: model.{key} is missing or not a {kind.__name__}; rebuild it")
+    for (field, key), (test, kind) in _SETTINGS.items():
+        if key in manifest[field] and not test(manifest[field][key]):
+            raise ArtifactError(
+                f"{manifest_path}: {field}.{key} = {manifest[field][key]!r} is not {kind}; rebuild the artifact"
+            )
+    decoder = manifest["model"]["task"] == "text-generation"
+    missing = [k for k in _DECODER_FIELDS if decoder and k not in manifest["model"]]
+    if missing:
+        raise ArtifactError(f"{manifest_path}: a text-generation model needs model.{missing[0]}; rebuild it")
+    if manifest.get("manifest_sha256") != manifest_digest(manifest):
+        raise ArtifactError(f"{manifest_path} was edited after publishing (its digest does not match); rebuild it")
+    return manifest
+
+
+def verify_artifact(path: Path) -> dict:
+    """Check an artifact folder against its manifest and return the manifest.
+
+    Refuses (ArtifactError naming the file) a missing or changed file, a file the manifest does not list, a
+    symlink inside the artifact (the manifest included), an edited manifest, and a manifest whose model name,
+    version or target disagrees with the folders it sits in. The hashes prove the files are the ones the build
+    validated; they do not prove who built them (see the README's guarantees).
+    """
+    path = Path(path)
+    root = path.resolve()
+    manifest = _read_manifest(path, root)
+    manifest_path = root / MANIFEST_NAME
+    placed = (root.parent.parent.name, root.parent.name, root.name)
+    claimed = (manifest["model_name"], manifest["version"], manifest["target"])
+    if placed != claimed:
+        raise ArtifactError(
+            f"{manifest_path} belongs to {'/'.join(claimed)}, but sits in {'/'.join(placed)}: a manifest from "
+            "another artifact. Load the folder it came from."
+        )
+    files = manifest["files"]
+    if manifest["graph"] not in files or "tokenizer.json" not in files:
+        raise ArtifactError(f"{manifest_path} does not list its graph {manifest['graph']} and tokenizer.json")
+    present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
+    extra = sorted(present - set(files))
+    if extra:
+        raise ArtifactError(
+            f"{root / extra[0]} is not listed in the manifest; an artifact holds only what was validated"
+        )
+    for name, expected in sorted(files.items()):
+        file = root / name
+        if not isinstance(expected, str) or "/" in name or name.startswith("."):
+            raise ArtifactError(f"{manifest_path} lists {name!r}, which is not a plain file name")
+        if file.is_symlink():
+            raise ArtifactError(f"{file} is a symlink (to {os.readlink(file)}); artifact files must be plain files")
+        if not file.is_file():
+            raise ArtifactError(f"{file} is missing from the artifact; rebuild it")
+        if sha256_file(file) != expected:
+            raise ArtifactError(f"{file} does not match its sha256 in the manifest: changed after publishing")
+    return manifest
+
+
+def artifact_graphs(manifest: dict) -> list[str]:
+    """The graphs an artifact's manifest lists that a backend can run: model.onnx, model.int8.onnx where there is
+    one, model.xml for OpenVINO."""
+    return sorted(name for name in manifest["files"] if name.endswith(GRAPH_SUFFIXES))
+
+
+def describe(path) -> dict:
+    """A verified artifact's identity, source, backend, validation, search table and sizes, for `pipeline inspect`."""
+    root = Path(path)
+    if not root.exists():
+        raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
+    manifest = verify_artifact(root)
+    real = root.resolve()
+    return {
+        "path": str(real),
+        "model_name": manifest["model_name"],
+        "version": manifest["version"],
+        "target": manifest["target"],
+        "task": manifest["model"]["task"],
+        "backend": manifest["backend"],
+        "graph": manifest["graph"],
+        "created_at": manifest.get("created_at"),
+        "source_digest": manifest.get("source", {}).get("digest"),
+        "kernel_class": manifest["host"].get("kernel_class"),
+        "files": {
+            name: {"bytes": (real / name).stat().st_size, "sha256": digest}
+            for name, digest in manifest["files"].items()
+        },
+        "validation": manifest.get("validation"),
+        "candidates": manifest.get("candidates"),
+        "verified": True,
+    }

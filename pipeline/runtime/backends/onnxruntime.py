@@ -1,0 +1,55 @@
+"""ONNX Runtime sessions with an artifact's session settings, and its GPU providers for TensorRT targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_GRAPH_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
+
+
+def open_session(onnx_path: Path, session: dict | None, providers=None):
+    """An ONNX Runtime session with the artifact's session settings (threads, graph level, execution mode)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    session = session or {}
+    options.intra_op_num_threads = int(session.get("intra_op_threads", 0))
+    options.inter_op_num_threads = int(session.get("inter_op_threads", 1))
+    level = session.get("graph_optimization_level", "all")
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL"))
+    if not session.get("allow_spinning", True):
+        # Idle pool threads otherwise spin for a while after each run, taking cores from whatever runs next.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if session.get("execution_mode") == "parallel":
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
+
+
+def ort_gpu_providers(manifest: dict, cache_dir: Path, available: list[str]) -> list:
+    """ONNX Runtime providers for a TensorRT target's graph, of those `available`: the TensorRT provider (engine
+    and timing caches in the artifact's engine cache, the target's profiles and settings), then CUDA, then CPU.
+    Decoders skip the TensorRT provider: their KV-cache shapes are outside its profiles."""
+    trt = manifest["target_spec"]["tensorrt"]
+    profiles = (manifest.get("engine") or {}).get("profiles")
+    providers: list = []
+    if "TensorrtExecutionProvider" in available and profiles:
+
+        def shapes(kind: str) -> str:
+            return ",".join(f"{name}:{'x'.join(map(str, p[kind]))}" for name, p in profiles.items())
+
+        options = {
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(Path(cache_dir) / "onnxruntime"),
+            "trt_timing_cache_enable": bool(trt["timing_cache"]),
+            "trt_timing_cache_path": str(Path(cache_dir) / "onnxruntime"),
+            "trt_max_workspace_size": int(trt["workspace_mb"]) << 20,
+            "trt_builder_optimization_level": int(trt["builder_optimization_level"]),
+            "trt_engine_hw_compatible": trt["hardware_compatibility"] != "none",
+            "trt_profile_min_shapes": shapes("min"),
+            "trt_profile_opt_shapes": shapes("opt"),
+            "trt_profile_max_shapes": shapes("max"),
+        }
+        providers.append(("TensorrtExecutionProvider", options))
+    if "CUDAExecutionProvider" in available:
+        providers.append("CUDAExecutionProvider")
+    return providers + ["CPUExecutionProvider"]

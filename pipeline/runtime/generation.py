@@ -1,0 +1,357 @@
+"""The runtime for decoder (text-generation) artifacts: next-token scoring, and generation with a KV cache.
+
+Like `pipeline.runtime`, it imports only the standard library, numpy, onnxruntime and tokenizers. Usage:
+
+    from pipeline.runtime import load
+    model = load("artifacts/tiny-gpt2/latest/cpu-avx2")
+    [completion] = model.generate(["Once upon a time"], max_new_tokens=32)     # greedy by default
+    for token in model.stream(["Once upon a time"], temperature=0.8, top_p=0.9, seed=0):
+        print(token.text, end="", flush=True)
+
+One graph serves the prompt and every new token: the first step feeds the (left-padded) prompts with an empty
+cache, each later step feeds one token per row with the cache the step before returned.
+
+    step 0:  input_ids [b, s]   past [b, h, 0, d]        -> logits [b, 1, V], present [b, h, s, d]
+    step t:  input_ids [b, 1]   past = present of t - 1  -> logits [b, 1, V], present [b, h, s + t, d]
+
+The cache stays in ONNX Runtime's memory between steps: outputs are bound with IO binding and the returned
+OrtValues are bound as the next step's inputs, so no step copies the cache into or out of numpy. Sampling follows
+transformers' order: repetition penalty, then temperature, top-k and top-p; greedy takes the argmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.runtime.backends.onnxruntime import open_session
+from pipeline.runtime.text import check_texts, open_tokenizer
+
+# Tokens of the prompt decoded with each new token, so that a word-initial space or a multi-byte character that
+# depends on the token before it comes out right.
+_CONTEXT_TOKENS = 5
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """Positions of a left-padded batch, as transformers' generate computes them: the count of real tokens
+    before each one; padding gets 1 (it is masked)."""
+    positions = np.cumsum(mask, axis=-1) - 1
+    positions[mask == 0] = 1
+    return positions.astype(np.int64)
+
+
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens) :] = tokens
+        mask[row, width - len(tokens) :] = 1
+    return ids, mask
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    """One streamed event: prompt `index` got `token_id`; `text` is the new text it completes (it can be empty
+    while a character or a possible stop string is incomplete). `finish_reason` is set on a prompt's last
+    event: "eos", "stop" or "length"."""
+
+    index: int
+    token_id: int
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A prompt's generated text (cut before any stop string), its token ids (the end-of-sequence token
+    included, as transformers returns it) and why it ended: "eos", "stop" or "length"."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Resolved generation settings for one call."""
+
+    max_new_tokens: int
+    min_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    eos: frozenset[int]
+    stop: tuple[str, ...]
+
+
+def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, settings: Sampling, rng) -> np.ndarray:
+    """The next token of each row from its logits [b, V], given each row's tokens so far (prompt and
+    generated, for the repetition penalty) and the number of tokens generated before this one."""
+    scores = np.array(logits, dtype=np.float32)
+    if settings.repetition_penalty != 1.0:
+        for row, tokens in enumerate(context):
+            seen = np.unique(np.asarray(tokens, dtype=np.int64))
+            picked = scores[row, seen]
+            penalty = np.float32(settings.repetition_penalty)
+            scores[row, seen] = np.where(picked < 0, picked * penalty, picked / penalty)
+    if steps < settings.min_new_tokens and settings.eos:
+        scores[:, sorted(settings.eos)] = -np.inf
+    if not settings.do_sample:
+        return scores.argmax(-1)
+    scores = scores / np.float32(settings.temperature)
+    vocab = scores.shape[-1]
+    if 0 < settings.top_k < vocab:
+        kth = np.partition(scores, vocab - settings.top_k, axis=-1)[:, vocab - settings.top_k][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if settings.top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one): drop a token
+        # when the tokens more likely than it already hold top_p.
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        ranked = np.take_along_axis(probs, order, -1)
+        drop = np.zeros(probs.shape, dtype=bool)
+        np.put_along_axis(drop, order, (np.cumsum(ranked, -1) - ranked) >= settings.top_p, -1)
+        probs = np.where(drop, 0.0, probs)
+        probs /= probs.sum(-1, keepdims=True)
+    cumulative = np.cumsum(probs, -1)
+    draws = rng.random((len(probs), 1)) * cumulative[:, -1:]
+    return np.minimum((cumulative < draws).sum(-1), vocab - 1)
+
+
+class _Detokenizer:
+    """Incremental text of one row: decodes a short window of tokens at each step and emits what is new, holding
+    back an incomplete character, and any tail that could be the start of a stop string."""
+
+    def __init__(self, tokenizer, prompt: list[int], stop: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt[-_CONTEXT_TOKENS:])
+        self.prefix = 0
+        self.read = len(self.ids)
+        self.stop = stop
+        self.text = ""  # decoded so far
+        self.sent = 0  # characters of self.text already emitted
+
+    def add(self, token: int) -> tuple[str, bool]:
+        """Add a token; returns (the text to emit now, whether a stop string was reached)."""
+        self.ids.append(token)
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        after = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before) :]
+            self.prefix, self.read = self.read, len(self.ids)
+        for stop in self.stop:
+            at = self.text.find(stop, max(0, self.sent - len(stop)))
+            if at >= 0:
+                self.text = self.text[:at]
+                return self._emit(len(self.text)), True
+        held = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        return self._emit(len(self.text) - held), False
+
+    def flush(self) -> str:
+        """All the text not emitted yet: the row has ended."""
+        return self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> str:
+        upto = max(upto, self.sent)
+        piece, self.sent = self.text[self.sent : upto], upto
+        return piece
+
+
+class Generator:
+    """A loaded decoder artifact: its tokenizer, its ONNX Runtime session and the checkpoint's generation
+    defaults (generation_config.json), applied where a call leaves a setting as None, as transformers does."""
+
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None):
+        self.spec = spec
+        self.task = spec["task"]
+        self.max_length = int(spec["max_length"])
+        self.batch_size = int(spec["batch_size"])
+        self.pad_id = int(spec["pad_id"])
+        self.defaults = dict(spec["defaults"])
+        self.eos = frozenset(int(t) for t in spec["eos_token_ids"])
+        self.tokenizer = open_tokenizer(tokenizer_path)
+        self.session = open_session(onnx_path, session, providers)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.past_names = list(spec["past"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        # With ONNX Runtime's CUDA provider the cache stays on the GPU between steps; only logits come back.
+        self.device = "cuda" if "CUDAExecutionProvider" in self.session.get_providers() else "cpu"
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        # [batch, kv heads, past length, head size]: heads and head size are fixed numbers in the graph.
+        self.past_shapes = {name: (int(shapes[name][1]), int(shapes[name][3])) for name in self.past_names}
+
+    def encode(self, prompts) -> list:
+        """Tokenize prompts with the Rust tokenizer (special tokens such as BOS added as the checkpoint does)."""
+        prompts = check_texts(prompts, "generate()")
+        encodings = self.tokenizer.encode_batch(prompts)
+        for i, enc in enumerate(encodings):
+            if not enc.ids:
+                raise InputError(
+                    f"prompt {i} is empty after tokenization and this tokenizer adds no start token; "
+                    "pass at least one character"
+                )
+        return encodings
+
+    def _prompt_ids(self, prompts, room: int) -> list[list[int]]:
+        """Token ids of each prompt, cut from the left to `room` tokens (or refused, per the target)."""
+        rows = [list(e.ids) for e in self.encode(prompts)]
+        for i, ids in enumerate(rows):
+            if len(ids) > room:
+                if self.spec["overlong"] == "refuse":
+                    raise InputError(
+                        f"prompt {i} is {len(ids)} tokens; with the new tokens asked for, {room} fit the model's "
+                        f"{self.max_length}. Shorten it, ask for fewer new tokens, or use a truncating target"
+                    )
+                rows[i] = ids[-room:]  # keep the end: it is what the continuation follows
+        return rows
+
+    def _empty_past(self, batch: int) -> dict[str, np.ndarray]:
+        return {n: np.zeros((batch, h, 0, d), dtype=np.float32) for n, (h, d) in self.past_shapes.items()}
+
+    def feeds(self, encodings) -> dict:
+        """Prompt-step inputs for a list of encodings: left-padded ids, the mask, positions and an empty cache."""
+        ids, mask = left_padded([list(e.ids) for e in encodings], self.pad_id)
+        arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}
+        return {**{n: arrays[n] for n in self.input_names if n in arrays}, **self._empty_past(len(ids))}
+
+    def run(self, prompts, batch_size: int | None = None, bucketing: bool = True) -> np.ndarray:
+        """Next-token logits [n, vocab] of each prompt (no generation). Prompts are grouped by length, so a short
+        prompt is not padded to a long one."""
+        encodings = self.encode(prompts)
+        batch_size = batch_size or self.batch_size
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids)) if bucketing else None
+        order = order or list(range(len(encodings)))
+        results: list = [None] * len(encodings)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            logits = self.session.run([self.output_names[0]], self.feeds([encodings[i] for i in chunk]))[0]
+            for row, index in enumerate(chunk):
+                results[index] = logits[row, -1]
+        return np.stack(results)
+
+    def settings(self, max_new_tokens=None, min_new_tokens=0, do_sample=None, temperature=None, top_k=None,
+                 top_p=None, repetition_penalty=None, eos=None, stop=None) -> Sampling:  # fmt: skip
+        """Resolve a call's settings against the checkpoint's defaults; a bad value is an InputError."""
+        pick = {
+            "do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "repetition_penalty": repetition_penalty,
+        }  # fmt: skip
+        values = {k: self.defaults.get(k) if v is None else v for k, v in pick.items()}
+        if do_sample is None and temperature is not None and temperature > 0:
+            values["do_sample"] = True  # asking for a temperature is asking to sample
+        if temperature is not None and temperature == 0:
+            values["do_sample"] = False
+        max_new_tokens = 32 if max_new_tokens is None else max_new_tokens
+        problems = []
+        if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens < self.max_length:
+            problems.append(f"max_new_tokens={max_new_tokens!r} must be an int from 1 to {self.max_length - 1}")
+        if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+            problems.append(f"min_new_tokens={min_new_tokens!r} must be an int >= 0")
+        if (temperature is not None and temperature < 0) or (values["do_sample"] and not values["temperature"]):
+            problems.append(f"temperature={values['temperature']!r} must be > 0 when sampling (0 is greedy)")
+        if not 0 < float(values["top_p"] if values["top_p"] is not None else 1.0) <= 1:
+            problems.append(f"top_p={values['top_p']!r} must be in (0, 1]")
+        if int(values["top_k"] or 0) < 0:
+            problems.append(f"top_k={values['top_k']!r} must be >= 0 (0 turns it off)")
+        if not float(values["repetition_penalty"] or 1.0) > 0:
+            problems.append(f"repetition_penalty={values['repetition_penalty']!r} must be > 0")
+        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if not all(isinstance(s, str) and s for s in stop):
+            problems.append(f"stop={stop!r} must be a non-empty string or a list of them")
+        if eos is False:
+            eos_ids = frozenset()
+        elif eos is None or eos is True:
+            eos_ids = self.eos
+        else:
+            eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
+        if problems:
+            raise InputError("generate(): " + "; ".join(problems))
+        return Sampling(
+            max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=bool(values["do_sample"]),
+            temperature=float(values["temperature"] or 1.0), top_k=int(values["top_k"] or 0),
+            top_p=float(values["top_p"] if values["top_p"] is not None else 1.0),
+            repetition_penalty=float(values["repetition_penalty"] or 1.0), eos=eos_ids, stop=stop,
+        )  # fmt: skip
+
+    def stream(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> Iterator[Token]:
+        """Generate for each prompt, yielding a Token event per prompt per step as soon as it is chosen.
+
+        Settings (each None takes the checkpoint's generation_config.json default, as transformers does):
+        max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
+        repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
+        end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
+        `batch_size`, left-padded.
+        """
+        sampling = self.settings(**settings)
+        rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens)
+        rng = np.random.default_rng(seed)
+        batch_size = batch_size or self.batch_size
+        for start in range(0, len(rows), batch_size):
+            yield from self._stream_batch(rows[start : start + batch_size], start, sampling, rng)
+
+    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
+        import onnxruntime as ort
+
+        ids, mask = left_padded(rows, self.pad_id)
+        past = {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(len(rows)).items()}
+        binding = self.session.io_binding()
+        texts = [_Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]
+        context = [list(r) for r in rows]
+        live = [True] * len(rows)
+        step_ids = ids
+        for step in range(sampling.max_new_tokens):
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+            arrays = {"input_ids": step_ids, "attention_mask": mask}
+            if "position_ids" in self.input_names:
+                arrays["position_ids"] = position_ids(mask)[:, -step_ids.shape[1] :]
+            for name, array in arrays.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            for name, value in past.items():
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(self.output_names[0], "cpu")
+            for name in self.output_names[1:]:
+                binding.bind_output(name, self.device)
+            self.session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+            logits = outputs[0].numpy()[:, -1]
+            past = dict(zip(self.past_names, (outputs[i] for i in range(1, len(outputs))), strict=True))
+            chosen = choose_tokens(logits, context, step, sampling, rng)
+            for row, token in enumerate(int(t) for t in chosen):
+                if not live[row]:
+                    continue
+                context[row].append(token)
+                text, stopped = texts[row].add(token)
+                reason = "stop" if stopped else "eos" if token in sampling.eos else None
+                if reason is None and step + 1 == sampling.max_new_tokens:
+                    reason = "length"
+                if reason:
+                    live[row] = False
+                    text += texts[row].flush() if reason != "stop" else ""
+                yield Token(offset + row, token, text, reason)
+            if not any(live):
+                return
+            # Rows that have ended keep a place in the batch, fed padding, as transformers does.
+            step_ids = np.where(live, chosen, self.pad_id).astype(np.int64)[:, None]
+            mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
+
+    def generate(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> list:
+        """Generate for each prompt; returns one Completion per prompt, in order. Takes the settings of `stream`."""
+        pieces: dict[int, list[str]] = {}
+        tokens: dict[int, list[int]] = {}
+        reasons: dict[int, str] = {}
+        for event in self.stream(prompts, batch_size=batch_size, seed=seed, **settings):
+            pieces.setdefault(event.index, []).append(event.text)
+            tokens.setdefault(event.index, []).append(event.token_id)
+            if event.finish_reason:
+                reasons[event.index] = event.finish_reason
+        return [Completion("".join(pieces[i]), tuple(tokens[i]), reasons[i]) for i in sorted(pieces)]

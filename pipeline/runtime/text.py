@@ -1,0 +1,59 @@
+"""Text in: the artifact's Rust tokenizer and the checks every runtime entry point applies to its inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+
+def open_tokenizer(path: Path):
+    """The artifact's Rust tokenizer, with padding and truncation off (the runtime pads and truncates itself)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def _valid_text(text: str) -> bool:
+    """Whether a str can be encoded as UTF-8 (a lone surrogate cannot, and the tokenizer raises on it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_texts(texts, call: str, pairs: bool = False) -> list:
+    """A list of strings (or, with `pairs`, of (text, text_pair) tuples), else an InputError naming the input and
+    the fix."""
+    if isinstance(texts, (str, bytes)):
+        kind = type(texts).__name__
+        raise InputError(f"{call} takes a list of strings, got a single {kind}; wrap it: model.{call[:-2]}([text])")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise InputError(f"{call} takes a list of strings, got {type(texts).__name__}") from None
+    if not texts:
+        raise InputError(f"{call} got an empty list; pass at least one string")
+    for i, text in enumerate(texts):
+        parts = text if pairs and isinstance(text, tuple) and len(text) == 2 else (text,)
+        if not all(isinstance(t, str) for t in parts):
+            raise InputError(f"{call} input {i} is {type(text).__name__}, not str; pass text only")
+        if not all(_valid_text(t) for t in parts):
+            raise InputError(
+                f"{call} input {i} is not valid Unicode text (it holds a lone surrogate); decode it with "
+                "errors='replace' before passing it"
+            )
+    return texts
+
+
+def check_batch_size(batch_size, call: str):
+    """None (the artifact's default) or a positive int, else an InputError naming the argument."""
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"{call}: batch_size={batch_size!r} must be a positive int (or None for the default)")
+    return batch_size

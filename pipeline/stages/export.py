@@ -1,0 +1,267 @@
+"""Stage 2: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
+
+Encoders: the graph has dynamic batch and sequence axes. For feature extraction the pooling (and the
+normalization of sentence-transformers checkpoints) is part of the graph, so its `sentence_embedding` output
+equals `SentenceTransformer.encode`. The TorchScript exporter is used because ONNX Runtime's transformer fusions
+recognise its attention pattern; they find none in the dynamo exporter's graph.
+
+Decoders (causal LMs): optimum-onnx's exporter, which patches each family's attention and cache for tracing,
+writes one graph with the KV cache as inputs and outputs, serving both the prompt (past length 0) and each new
+token, with dynamic batch, sequence and past-length axes:
+
+    input_ids [b, s], attention_mask [b, p+s], position_ids [b, s], past_key_values.{i}.key/value [b, h, p, d]
+      -> logits [b, 1, vocab], present.{i}.key/value [b, h, p+s, d]
+
+Only the last position's logits are computed (see `last_token_logits`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import warnings
+from pathlib import Path
+
+from pipeline.cache import StageSpec, run_cached
+from pipeline.errors import ExportError
+from pipeline.manifest import Checkpoint, Manifest
+from pipeline.quiet import silenced
+from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
+from pipeline.targets import Target
+from pipeline.tasks import ARCHITECTURES, TASKS
+
+OPSET = 17
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """What shapes the exported graph and tokenizer. Runtime-only settings (batch size, overlong policy) are not
+    here: they change how the artifact is run, not what is exported."""
+
+    opset: int
+    task: str
+    pooling: dict | None
+    max_length: int
+
+
+STAGE = StageSpec(
+    "export", VERSION, ExportConfig,
+    packages=("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxscript", "onnxruntime", "tokenizers",
+              "sentence-transformers"),
+)  # fmt: skip
+PROBE_TEXTS = ("A short probe.", "A somewhat longer probe sentence, so that the batch needs padding to line up.")
+
+
+def last_token_logits(graph) -> bool:
+    """Rewrite a causal LM graph in place so that its LM head runs on the last position only.
+
+        hidden [b, s, h] --MatMul(W)--> logits [b, s, V]
+    becomes
+        hidden [b, s, h] --Slice(axis 1, -1:)--> [b, 1, h] --MatMul(W)--> logits [b, 1, V]
+
+    Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
+    shrink by the prompt's length. Returns False, changing nothing, where `logits` is not made by a MatMul
+    with a constant weight (the runtime reads the last position either way).
+    """
+    import onnx
+
+    producer = next((n for n in graph.graph.node if "logits" in n.output), None)
+    weights = {i.name for i in graph.graph.initializer}
+    if producer is None or producer.op_type != "MatMul" or producer.input[1] not in weights:
+        return False
+    constants = {"last_token_starts": -1, "last_token_ends": 2**63 - 1, "last_token_axes": 1}
+    for name, value in constants.items():
+        graph.graph.initializer.append(onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
+    sliced = producer.input[0] + "_last_token"
+    index = list(graph.graph.node).index(producer)
+    graph.graph.node.insert(
+        index, onnx.helper.make_node("Slice", [producer.input[0], *constants], [sliced], name="last_token_slice")
+    )
+    producer.input[0] = sliced
+    output = next(o for o in graph.graph.output if o.name == "logits")
+    output.type.tensor_type.shape.dim[1].Clear()
+    output.type.tensor_type.shape.dim[1].dim_value = 1
+    return True
+
+
+# generation_config.json settings the runtime's generate() follows; others that change the output are refused.
+GENERATION_DEFAULTS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+UNSUPPORTED_GENERATION = {
+    "num_beams": 1, "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "sequence_bias": None, "min_p": None, "typical_p": 1.0,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
+    "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+}  # fmt: skip
+
+
+def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
+    """The end-of-sequence ids and sampling defaults of the checkpoint's generation_config.json."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(checkpoint.path).to_dict()
+    except OSError:  # no generation_config.json: transformers falls back to the model config
+        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(checkpoint.path)).to_dict()
+    changed = sorted(k for k, default in UNSUPPORTED_GENERATION.items() if config.get(k, default) != default)
+    if changed:
+        raise ExportError(
+            f"{checkpoint.path}/generation_config.json sets {', '.join(changed)}, which the runtime's generate() "
+            f"does not implement (it follows {', '.join(GENERATION_DEFAULTS)}); remove them from the file"
+        )
+    eos = config.get("eos_token_id")
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if not eos and tokenizer.eos_token_id is not None:
+        eos = [tokenizer.eos_token_id]
+    return {"eos_token_ids": eos, "defaults": {k: config[k] for k in GENERATION_DEFAULTS}}
+
+
+def runtime_spec(checkpoint: Checkpoint, tokenizer, input_names: list[str]) -> dict:
+    """What the runtime loader needs to feed the graph and read its output."""
+    config = checkpoint.config
+    labels = config.get("id2label") if checkpoint.task != "feature-extraction" else None
+    return {
+        "task": checkpoint.task,
+        "inputs": input_names,
+        "output": TASKS[checkpoint.task].output,
+        "max_length": checkpoint.max_length,
+        "pad_id": int(tokenizer.pad_token_id or 0),
+        "labels": {str(k): v for k, v in labels.items()} if labels else None,
+    }
+
+
+def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
+    """Max |ONNX - PyTorch| of next-token logits on a left-padded batch: once on the prompts (empty cache), once
+    on one more token fed with the graph's own cache, against PyTorch run on the whole sequence."""
+    import numpy as np
+    import torch
+
+    from pipeline.runtime.generation import left_padded, position_ids
+
+    ids, mask = left_padded([tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS], 0)
+    shapes = {i.name: i.shape for i in session.get_inputs()}
+    inputs = [i.name for i in session.get_inputs()]
+
+    def onnx_step(new_ids, full_mask, past):
+        feeds = {"input_ids": new_ids, "attention_mask": full_mask, **past}
+        if "position_ids" in inputs:
+            feeds["position_ids"] = position_ids(full_mask)[:, -new_ids.shape[1] :]
+        outs = session.run(None, feeds)
+        return outs[0][:, -1], dict(zip(past_names, outs[1:], strict=True))
+
+    def torch_logits(full_ids, full_mask):
+        kwargs = {"input_ids": torch.from_numpy(full_ids), "attention_mask": torch.from_numpy(full_mask)}
+        if "position_ids" in inputs:
+            kwargs["position_ids"] = torch.from_numpy(position_ids(full_mask))
+        with torch.inference_mode():
+            return model(**kwargs, use_cache=False).logits[:, -1].numpy()
+
+    empty = {n: np.zeros((len(ids), shapes[n][1], 0, shapes[n][3]), dtype=np.float32) for n in past_names}
+    first, past = onnx_step(ids, mask, empty)
+    diffs = [np.abs(first - torch_logits(ids, mask)).max()]
+    nxt = first.argmax(-1)[:, None].astype(np.int64)
+    ids, mask = np.concatenate([ids, nxt], 1), np.concatenate([mask, np.ones_like(nxt)], 1)
+    second, _ = onnx_step(nxt, mask, past)
+    diffs.append(np.abs(second - torch_logits(ids, mask)).max())
+    if not all(np.isfinite(d) for d in diffs):
+        raise ExportError("the exported decoder outputs NaN or inf on a probe input")
+    return float(max(diffs))
+
+
+def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
+    import onnx
+    import onnxruntime as ort
+    from optimum.exporters.onnx import main_export
+
+    tokenizer = load_hf_tokenizer(checkpoint)
+    model = load_torch_model(checkpoint)
+    generation = generation_settings(checkpoint, tokenizer)
+    scratch = out / "optimum"
+    with silenced("optimum", "transformers"):
+        try:
+            main_export(
+                checkpoint.path, scratch, task="text-generation-with-past", opset=OPSET, do_validation=False,
+                library_name="transformers", local_files_only=True,
+            )  # fmt: skip
+        except Exception as err:  # optimum and torch raise many types; all mean the same to the user
+            first = (str(err).splitlines() or [""])[0]
+            raise ExportError(
+                f"optimum could not export {checkpoint.path} for text generation with a KV cache "
+                f"({type(err).__name__}: {first})"
+            ) from None
+    if any(p.name != "model.onnx" and p.name.startswith("model.onnx") for p in scratch.iterdir()):
+        raise ExportError(
+            f"{checkpoint.path} is over ONNX's 2 GB single-file limit, so its weights went to an external data "
+            "file, which this pipeline does not carry yet; build a smaller model"
+        )
+    graph = onnx.load(str(scratch / "model.onnx"))
+    sliced = last_token_logits(graph)
+    onnx.save(graph, str(out / "model.onnx"))
+    shutil.rmtree(scratch)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    past = [n for n in names if n.startswith("past_key_values.")]
+    present = [o.name for o in session.get_outputs()][1:]
+    if not past or len(past) != len(present):
+        raise ExportError(f"the exported graph of {checkpoint.path} has no KV cache inputs and outputs: {names}")
+    diff = _decoder_probe(session, model, tokenizer, past)
+    if diff > 1e-3:
+        raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    inputs = [n for n in names if n not in past]
+    spec = runtime_spec(checkpoint, tokenizer, inputs)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (generation["eos_token_ids"] or [0])[0]
+    spec.update(pad_id=int(pad), past=past, present=present, **generation)
+    return {"spec": spec, "probe_max_abs_diff": diff, "last_token_logits": sliced}
+
+
+def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
+    """Export `checkpoint` to `out`/model.onnx and `out`/tokenizer.json, checked against PyTorch on a probe input;
+    returns the runtime spec and the probe's difference."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    arch = ARCHITECTURES[checkpoint.model_type]
+    if arch.family == "decoder":
+        return _export_decoder(checkpoint, out)
+    tokenizer = load_hf_tokenizer(checkpoint)
+    model = load_torch_model(checkpoint)
+    input_names = ["input_ids", "attention_mask"] + (["token_type_ids"] if arch.token_type_ids else [])
+    probe = tokenizer(list(PROBE_TEXTS), padding=True, return_tensors="pt")
+    args = tuple(probe[name] for name in input_names)
+    wrapper = pooled_module(model, checkpoint, input_names)
+    output = TASKS[checkpoint.task].output
+    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
+    axes[output] = {0: "batch", 1: "sequence"} if checkpoint.task == "token-classification" else {0: "batch"}
+    with torch.inference_mode():
+        expected = wrapper(*args).numpy()
+    if not np.isfinite(expected).all():
+        raise ExportError(f"{checkpoint.path}: the PyTorch model itself outputs NaN or inf; its weights are broken")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper, args, str(out / "model.onnx"), dynamo=False, opset_version=OPSET,
+            input_names=input_names, output_names=[output], dynamic_axes=axes, do_constant_folding=True,
+        )  # fmt: skip
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {name: probe[name].numpy() for name in input_names})[0]
+    if not np.isfinite(got).all():
+        raise ExportError(f"the exported graph of {checkpoint.path} outputs NaN or inf on a probe input")
+    diff = float(np.abs(got - expected).max())
+    if diff > 1e-3:
+        raise ExportError(f"the exported graph differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    spec = runtime_spec(checkpoint, tokenizer, input_names)
+    return {"spec": spec, "probe_max_abs_diff": diff}
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Export the checkpoint to ONNX (cached by checkpoint digest and the declared export settings)."""
+    checkpoint = manifest.checkpoint
+    config = ExportConfig(
+        opset=OPSET, task=checkpoint.task, pooling=checkpoint.pooling, max_length=checkpoint.max_length
+    )
+    inputs = {"checkpoint": checkpoint.digest}
+    record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: onnx_from_checkpoint(checkpoint, out))
+    return manifest.with_stage(record)

@@ -1,0 +1,90 @@
+"""Stage 3: optimized_onnx. Dead-node removal, constant folding and ONNX Runtime's transformer fusions.
+
+    MatMul+Add+Softmax+...  ->  Attention        Add+LayerNorm  ->  SkipLayerNormalization
+    Add(bias)+Gelu          ->  BiasGelu         Gather*3+LayerNorm -> EmbedLayerNormalization
+
+Node counts by op type before and after go into the stage's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+from pipeline.cache import StageSpec, run_cached
+from pipeline.errors import ExportError
+from pipeline.manifest import Manifest
+from pipeline.quiet import silenced
+from pipeline.targets import Target
+from pipeline.tasks import ARCHITECTURES
+
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeConfig:
+    """The target's [optimize] settings and the ONNX Runtime optimizer model type of the architecture."""
+
+    fusions: bool
+    level: int
+    model_type: str
+
+
+STAGE = StageSpec("optimize", VERSION, OptimizeConfig, packages=("onnxruntime", "onnx"))
+
+
+def op_counts(path: Path) -> dict[str, int]:
+    """Number of nodes of each op type in an ONNX file."""
+    import onnx
+
+    return dict(sorted(Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node).items()))
+
+
+def optimized_onnx(source: Path, config: OptimizeConfig, out: Path) -> dict:
+    """Write the optimized graph of `source` to `out`/model.onnx; returns node counts before and after."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    before = op_counts(source)
+    target_file = out / "model.onnx"
+    if config.fusions:
+        with silenced("onnxruntime.transformers"), silenced():
+            optimized = optimize_model(
+                str(source),
+                model_type=config.model_type,
+                num_heads=0,
+                hidden_size=0,
+                opt_level=config.level,
+                use_gpu=False,
+            )
+        optimized.save_model_to_file(str(target_file))
+        fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    else:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(target_file)
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        fused = {}
+    after = op_counts(target_file)
+    if not after:
+        raise ExportError(f"optimizing {source} left an empty graph")
+    return {
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "op_counts_before": before,
+        "op_counts_after": after,
+        "fused": fused,
+    }
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Optimize the exported graph (cached by the export's key and the declared optimize settings)."""
+    source = manifest.stage("export")
+    model_type = ARCHITECTURES[manifest.checkpoint.model_type].ort_model_type
+    config = OptimizeConfig(fusions=target.optimize.fusions, level=target.optimize.level, model_type=model_type)
+    record = run_cached(
+        manifest.cache_dir, STAGE, config, {"export": source.key},
+        lambda out: optimized_onnx(source.output("model.onnx"), config, out),
+    )  # fmt: skip
+    return manifest.with_stage(record)

@@ -1,0 +1,209 @@
+"""Stage 6: publish an immutable, versioned artifact.
+
+    artifacts/<model>/v<N>/<target>/   model.onnx  tokenizer.json  report.json  manifest.json
+    artifacts/<model>/latest/<target>  -> ../v<N>/<target>
+
+The artifact is assembled in a staging folder beside the versions and renamed into place in one step, under a
+lock, so a killed build never leaves a half-written version. Published versions are never overwritten; a
+rebuild whose content equals a published version reports that version instead of adding one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from pipeline import faults
+from pipeline.cache import package_versions
+from pipeline.errors import ArtifactError
+from pipeline.manifest import MODEL_GRAPH, Manifest, runtime_spec
+from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
+from pipeline.runtime.host import cpu_flags, cpu_model, kernel_class, usable_cores
+from pipeline.stages import engine
+from pipeline.targets import Target
+
+PACKAGES = (
+    "torch", "transformers", "sentence-transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "openvino",
+    "nncf", "tokenizers", "numpy",
+)  # fmt: skip
+# Stages whose key holds the build host itself: what they found is recorded, but is not the artifact's identity.
+HOST_STAGES = ("tune",)
+VERSION = re.compile(r"^v(\d+)$")
+
+
+def _versions(model_root: Path) -> list[tuple[int, Path]]:
+    found = [(int(m.group(1)), p) for p in model_root.glob("v*") if (m := VERSION.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    versions.update({k: v for k, v in package_versions(PACKAGES).items() if v != "absent"})
+    return versions
+
+
+def _host() -> dict:
+    flags = cpu_flags()
+    return {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu": cpu_model(),
+        "cores": usable_cores(),
+        "kernel_class": kernel_class(flags),
+        "cpu_flags": sorted(flags) if flags else None,
+    }
+
+
+@contextlib.contextmanager
+def model_lock(model_root: Path):
+    """An exclusive lock on one model's artifact tree, held while a version is chosen and renamed into place."""
+    model_root.mkdir(parents=True, exist_ok=True)
+    with open(model_root / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _point_latest(model_root: Path, version: str, target: str) -> None:
+    latest = model_root / "latest"
+    latest.mkdir(exist_ok=True)
+    link = latest / target
+    for stale in latest.glob(f".{target}.*"):  # left by a build killed between link and rename
+        stale.unlink(missing_ok=True)
+    scratch = latest / f".{target}.{uuid.uuid4().hex}"
+    os.symlink(f"../{version}/{target}", scratch)
+    os.replace(scratch, link)  # atomic: readers see the old version or the new one, never neither
+
+
+def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
+    """What defines an artifact's identity: its files, how to run them, and how they were made. Not the build
+    host's tuned session or timings: identical files built on another host are the same version."""
+    return {
+        "files": {k: v for k, v in files.items() if k != "report.json"},
+        "graph": MODEL_GRAPH,
+        "backend": target.engine,
+        "model": runtime_spec(manifest, target),
+        "engine": next((r.metrics for r in manifest.stages if r.name == "engine"), None),
+        "target_spec": target.to_dict(),
+        "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages if r.name not in HOST_STAGES},
+    }
+
+
+def _tuned(manifest: Manifest) -> dict:
+    return next((r.metrics["best"] for r in manifest.stages if r.name == "tune"), {})
+
+
+def _existing(model_root: Path, target: str, content_id: str) -> str | None:
+    for _, version_dir in reversed(_versions(model_root)):
+        with contextlib.suppress(OSError, ValueError):
+            existing = json.loads((version_dir / target / MANIFEST_NAME).read_text())
+            if existing.get("content_id") == content_id:
+                return version_dir.name
+    return None
+
+
+def _report(manifest: Manifest) -> dict:
+    return {r.name: {"reused": r.reused, "seconds": r.seconds, "metrics": r.metrics} for r in manifest.stages}
+
+
+def _write_staging(
+    staging: Path, manifest: Manifest, target: Target, sources: dict, content: dict, version: str
+) -> None:
+    """Copy the files and write report.json and manifest.json into `staging`, then make them read-only."""
+    files = dict(content["files"])
+    for name, path in sources.items():
+        shutil.copyfile(path, staging / name)
+        if sha256_file(staging / name) != files[name]:
+            raise ArtifactError(f"{path} changed while it was being published; rebuild")
+    report = {"model_name": manifest.model_name, "version": version, "target": target.name, "stages": _report(manifest)}
+    (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    files["report.json"] = sha256_file(staging / "report.json")
+    published = {
+        "schema": MANIFEST_SCHEMA,
+        "model_name": manifest.model_name,
+        "version": version,
+        "target": target.name,
+        "content_id": hashlib.sha256(canonical_json(content)).hexdigest(),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "files": files,
+        "graph": content["graph"],
+        "backend": content["backend"],
+        "model": content["model"],
+        "session": {**dataclasses.asdict(target.runtime), **_tuned(manifest)},
+        "engine": content["engine"],
+        "target_spec": content["target_spec"],
+        "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
+        "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
+        "validation": manifest.stage("validate").metrics,
+        "packages": _package_versions(),
+        "host": _host(),
+        "timings": {r.name: r.seconds for r in manifest.stages},
+        "reused_stages": [r.name for r in manifest.stages if r.reused],
+    }
+    published["manifest_sha256"] = manifest_digest(published)
+    (staging / MANIFEST_NAME).write_text(json.dumps(published, indent=1, sort_keys=True))
+    for file in staging.iterdir():
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+        file.chmod(0o444)
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Publish the validated graph, or report the identical version already published."""
+    manifest.stage("validate")  # nothing unvalidated is published
+    export = manifest.stage("export")
+    sources = {**manifest.graphs(), "tokenizer.json": export.output("tokenizer.json")}
+    model_root = Path(manifest.artifacts_dir) / manifest.model_name
+    content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
+    content_id = hashlib.sha256(canonical_json(content)).hexdigest()
+    try:
+        with model_lock(model_root):
+            # Left by a build killed while publishing; only a lock holder stages, so none is in use now.
+            for stale in model_root.glob(".staging-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            version = _existing(model_root, target.name, content_id)
+            reused = version is not None
+            if not reused:
+                number = max([n for n, p in _versions(model_root) if (p / target.name).exists()], default=0) + 1
+                version = f"v{number}"
+                staging = model_root / f".staging-{uuid.uuid4().hex}"
+                staging.mkdir()
+                try:
+                    _write_staging(staging, manifest, target, sources, content, version)
+                    faults.point("publish-staged")
+                    (model_root / version).mkdir(exist_ok=True)
+                    os.rename(staging, model_root / version / target.name)
+                except BaseException:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise
+                faults.point("publish-renamed")
+            _point_latest(model_root, version, target.name)
+    except OSError as err:
+        raise ArtifactError(
+            f"publishing {manifest.model_name} to {model_root} failed: {err.strerror or err} "
+            f"({err.filename or model_root}); nothing was published. Free space or fix permissions, then rebuild."
+        ) from None
+    path = model_root / version / target.name
+    engines = engine.cache_built_engines(manifest, path)
+    return dataclasses.replace(
+        manifest,
+        published={
+            "version": version,
+            "path": str(path),
+            "reused": reused,
+            "content_id": content_id,
+            "engines": engines,
+        },
+    )

@@ -1,0 +1,229 @@
+"""Stage 4: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
+calibrated on text), with two guards on accuracy (the ONNX Runtime calls are in pipeline.quantization).
+
+1. Smoothing (SmoothQuant-style, optional, `smooth_alpha`): activation outliers are moved into the weights.
+2. Accuracy-aware fallback: if the int8 graph misses the target's thresholds (with headroom) against the fp32
+   graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized) and the
+   most sensitive are kept in fp32, a few more at a time, up to `max_fp32_nodes`.
+
+Every candidate tried is recorded in the stage's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+
+from pipeline.cache import StageSpec, run_cached
+from pipeline.data import read_texts, texts_digest
+from pipeline.errors import AccuracyError, TargetError
+from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
+from pipeline.metrics import compare, failures, measure, outputs, with_headroom
+from pipeline.quantization import (
+    activation_absmax,
+    calibration_reader,
+    latency,
+    quantizable_nodes,
+    quantize_dynamic,
+    quantize_static,
+    smooth,
+    with_shapes,
+)
+from pipeline.targets import Target
+from pipeline.tasks import TASKS
+
+VERSION = 1
+FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeConfig:
+    """The [quantize] settings used, the gate the fallback is held to, and the calibration text's digest."""
+
+    settings: dict
+    accuracy: dict
+    batch_size: int
+    calibration: str
+    generation: dict | None
+
+
+_PACKAGES = ("onnxruntime", "onnx", "numpy", "tokenizers")
+# The fallback measures accuracy through the runtime on this host's int8 kernels.
+STAGE = StageSpec("quantize", VERSION, QuantizeConfig, _PACKAGES, host="kernels", runtime_code=True)
+INT8_QDQ_STAGE = StageSpec("int8_qdq", VERSION, QuantizeConfig, _PACKAGES, host="kernels", runtime_code=True)
+
+
+def _error(stats: dict, metric: str) -> float:
+    return 1.0 - stats["cosine_mean"] if metric == "embedding" else stats["max_abs_diff"]
+
+
+def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
+    """quantize_one(path, exclude, only): the graph `source` quantized with `settings` into `path`."""
+    if settings.mode == "static":
+        shaped = with_shapes(source, work / "shaped.onnx")
+        reader = calibration_reader(fp32_model, texts, settings.calibration_batch_size)
+        ranges_cache = work / "ranges.json"
+
+        def quantize_one(path: Path, exclude=(), only=None) -> None:
+            quantize_static(shaped, path, settings, reader, ranges_cache, exclude, only)
+
+        return quantize_one
+
+    def quantize_one(path: Path, exclude=(), only=None) -> None:
+        quantize_dynamic(source, path, settings, exclude, only)
+
+    return quantize_one
+
+
+def _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work) -> list[dict]:
+    """Each quantizable node's error when it alone is quantized, most sensitive first."""
+    sensitivity = []
+    for node in nodes:
+        if node.name in excluded:
+            continue
+        path = work / "single.onnx"
+        quantize_one(path, only=[node.name])
+        scores = open_graph(path).run(texts, batch_size=batch)
+        # Decoders are ranked on their next-token logits alone: generating for every node would be slow.
+        if metric == "generation":
+            stats = compare("classification", reference["logits"], scores)
+        else:
+            stats = compare(metric, reference, scores)
+        sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
+    return sorted(sensitivity, key=lambda s: -s["error"])
+
+
+def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list, fp32_path: Path, out: Path) -> dict:
+    """Quantize `fp32_path` with `settings` into `out`/model.onnx, keeping the most sensitive nodes in fp32 as
+    needed to meet the target's thresholds (with headroom) against the fp32 graph on `texts`."""
+    import onnx
+
+    metric = TASKS[manifest.checkpoint.task].metric
+    batch, new_tokens = target.shapes.batch_size, target.generation.new_tokens
+
+    def open_graph(path):
+        return candidate_model(manifest, target, path)
+
+    fp32 = open_graph(fp32_path)
+    reference = outputs(fp32, texts, metric, batch, new_tokens)
+    work = out / "work"
+    work.mkdir()
+    nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)
+    source, smoothed = fp32_path, []
+    if settings.smooth_alpha > 0:
+        ranges = activation_absmax(fp32_path, nodes, fp32, texts, batch)
+        source = work / "smoothed.onnx"
+        smoothed = smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
+    excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
+    candidates, sensitivity = [], None
+    gate = with_headroom(target.accuracy, settings.fallback_headroom)
+    started = time.perf_counter()
+    quantize_one = _quantizer(settings, source, fp32, texts, work)
+
+    def attempt(exclude: list[str]) -> tuple[Path, list[str]]:
+        path = work / f"int8-{len(exclude)}.onnx"
+        begun = time.perf_counter()
+        quantize_one(path, exclude=exclude)
+        model = open_graph(path)
+        stats = measure(model, texts, reference, metric, batch, new_tokens)
+        missed = failures(stats, gate)
+        seconds = round(time.perf_counter() - begun, 2)
+        row = {"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **latency(model, texts, batch)}
+        candidates.append({**row, **stats})
+        return path, missed
+
+    chosen, missed = attempt(excluded)
+    if missed and settings.max_fp32_nodes > len(excluded):
+        sensitivity = _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work)
+        # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
+        # fp32 would publish an fp32 graph under an int8 name.
+        limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
+        for step in sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}):
+            if step < 1:
+                break
+            exclude = excluded + [s["node"] for s in sensitivity[:step]]
+            chosen, missed = attempt(exclude)
+            if not missed:
+                excluded = exclude
+                break
+    if missed:
+        raise AccuracyError(
+            f"int8 {manifest.model_name} for {target.name} misses its thresholds on the calibration text even with "
+            f"{candidates[-1]['fp32_nodes']} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
+            f"Raise quantize.max_fp32_nodes (now {settings.max_fp32_nodes}) or build an fp32 target (cpu-fp32)."
+        )
+    chosen.rename(out / "model.onnx")
+    shutil.rmtree(work)
+    static = settings.mode == "static"
+    return {
+        "mode": settings.mode,
+        "format": settings.format if static else "qoperator",
+        "calibration_method": settings.calibration_method if static else None,
+        "seconds": round(time.perf_counter() - started, 2),
+        "calibration_examples": len(texts),
+        "fp32_latency": latency(fp32, texts, batch),
+        "quantized_nodes": len(nodes) - len(excluded),
+        "fp32_nodes": excluded,
+        "smoothed_nodes": len(smoothed),
+        "candidates": candidates,
+        "sensitivity": sensitivity,
+    }
+
+
+def calibration_texts(manifest: Manifest, target: Target, settings) -> list:
+    """The calibration examples a quantization uses: the first `calibration_examples` (decoders: prompts)."""
+    texts = read_texts(manifest.calibration_path, "calibration")[: settings.calibration_examples]
+    return examples(texts, manifest.checkpoint.task, target.generation)
+
+
+def quantize_stage(manifest: Manifest, target: Target, stage: StageSpec, settings, source, output: str) -> Manifest:
+    """Run quantization with `settings` over the graph of the `source` stage record, cached, as `stage`, writing
+    the chosen graph as `output`."""
+    task = manifest.checkpoint.task
+    if task == "text-generation" and settings.mode == "static":
+        raise TargetError(
+            f"target {target.name} asks for static int8, which this pipeline does not do for decoders (their "
+            "activation ranges move with the cache length); use a dynamic target such as cpu-avx2"
+        )
+    texts = calibration_texts(manifest, target, settings)
+    config = QuantizeConfig(
+        settings=dataclasses.asdict(settings),
+        accuracy=target.to_dict()["accuracy"],
+        batch_size=target.shapes.batch_size,
+        calibration=texts_digest(texts),
+        generation=target.to_dict()["generation"] if task == "text-generation" else None,
+    )
+
+    def produce(out: Path) -> dict:
+        metrics = int8_with_fallback(manifest, target, settings, texts, source.output("model.onnx"), out)
+        (out / "model.onnx").rename(out / output)
+        return metrics
+
+    record = run_cached(manifest.cache_dir, stage, config, {"graph": source.key}, produce)
+    return manifest.with_stage(record)
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Quantize the optimized graph as the target asks (`mode = "none"` leaves it in fp32)."""
+    if target.quantize.mode == "none":
+        return manifest
+    return quantize_stage(manifest, target, STAGE, target.quantize, manifest.last_model(), "model.onnx")
+
+
+def qdq_settings(target: Target):
+    """The static settings of a TensorRT int8 graph: the target's [quantize] table, made Q/DQ, int8 and symmetric,
+    as TensorRT requires."""
+    return dataclasses.replace(
+        target.quantize, mode="static", format="qdq", activation_type="int8", weight_type="int8", symmetric=True
+    )
+
+
+def run_int8_qdq(manifest: Manifest, target: Target) -> Manifest:
+    """Stage int8_qdq: for TensorRT targets with `[tensorrt] int8 = true`, an int8 Q/DQ graph of the optimized fp32
+    graph, calibrated on text, beside the target's main (fp16) graph. TensorRT takes int8 from these nodes."""
+    if target.engine != "tensorrt" or not target.tensorrt.int8:
+        return manifest
+    stage = manifest.stage("optimize")
+    return quantize_stage(manifest, target, INT8_QDQ_STAGE, qdq_settings(target), stage, INT8_GRAPH)

@@ -1,0 +1,237 @@
+"""The decoder runtime: greedy generation equal to transformers', streaming, batching, sampling, stop conditions."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from pipeline.errors import InputError
+from pipeline.runtime import load
+from pipeline.runtime.generation import Generator, Sampling, Token, choose_tokens, position_ids
+
+from ..conftest import SMALL_TEXTS
+
+
+@pytest.fixture(scope="module")
+def model(published_gpt2) -> Generator:
+    return load(published_gpt2)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_gpt2):
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_gpt2).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(tiny_gpt2)
+
+
+def _hf_greedy(hf, prompt: str, n: int, **kwargs) -> tuple[int, ...]:
+    model, tokenizer = hf
+    ids = tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**ids, do_sample=False, max_new_tokens=n, pad_token_id=tokenizer.eos_token_id, **kwargs)
+    return tuple(out[0, ids["input_ids"].shape[1] :].tolist())
+
+
+class _Counting:
+    """Counts the ONNX Runtime steps a generator runs; everything else goes to the real session."""
+
+    def __init__(self, session):
+        self.session, self.steps = session, 0
+
+    def run_with_iobinding(self, binding, *args):
+        self.steps += 1
+        return self.session.run_with_iobinding(binding, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_position_ids_count_real_tokens_like_transformers():
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids(mask).tolist() == [[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_generate_greedy_equals_transformers_for_32_tokens_on_every_prompt(model, hf):
+    completions = model.generate(SMALL_TEXTS, max_new_tokens=32, batch_size=8)
+    for prompt, completion in zip(SMALL_TEXTS, completions, strict=True):
+        assert completion.token_ids == _hf_greedy(hf, prompt, 32), prompt
+        assert completion.finish_reason in ("length", "eos")
+
+
+def test_published_manifest_records_greedy_match_and_speed(published_gpt2):
+    manifest = json.loads((published_gpt2 / "manifest.json").read_text())
+    validation = manifest["validation"]
+    assert validation["greedy_match"] == 1.0 and validation["new_tokens"] == 32
+    assert manifest["target_spec"]["precision"] == "int8"
+    for batch in ("batch_1", "batch_8"):
+        row = validation["speed"]["batches"][batch]
+        assert set(row) == {"pytorch-generate", "artifact"}
+        assert row["artifact"]["ttft_ms"] > 0 and row["artifact"]["decode_tokens_per_s"] > 0
+    report = json.loads((published_gpt2 / "report.json").read_text())
+    assert report["stages"]["quantize"]["metrics"]["quantized_nodes"] > 0
+
+
+def test_stream_yields_each_token_as_its_step_runs(model):
+    counting = _Counting(model.session)
+    model.session = counting
+    try:
+        events = model.stream(["The cat sat", "A much longer prompt about the weather in spring"], max_new_tokens=6,
+                              eos=False)  # fmt: skip
+        first = next(events)
+        assert counting.steps == 1 and isinstance(first, Token) and first.index == 0
+        rest = list(events)
+    finally:
+        model.session = counting.session
+    assert counting.steps == 6
+    assert [e.index for e in [first, *rest]] == [0, 1] * 6
+    assert [e.finish_reason for e in [first, *rest]][-2:] == ["length", "length"]
+    assert all(e.finish_reason is None for e in [first, *rest][:-2])
+
+
+def test_stream_text_joins_to_generate_text_and_decoded_ids(model):
+    prompts = ["Preheat the oven", "Stock markets fell"]
+    streamed = {0: "", 1: ""}
+    for event in model.stream(prompts, max_new_tokens=20, eos=False):
+        streamed[event.index] += event.text
+    completions = model.generate(prompts, max_new_tokens=20, eos=False)
+    assert [streamed[0], streamed[1]] == [c.text for c in completions]
+    for completion in completions:
+        assert completion.text == model.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
+        assert len(completion.token_ids) == 20
+
+
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, texts_file, tmp_path):
+    from pipeline.build import build
+
+    manifest = build(tiny_gpt2, "cpu-fp32", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c",
+                     validation=texts_file, calibration=texts_file)  # fmt: skip
+    fp32 = load(manifest.published["path"])
+    together = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=len(SMALL_TEXTS))
+    alone = [fp32.generate([p], max_new_tokens=16)[0] for p in SMALL_TEXTS]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    np.testing.assert_allclose(fp32.run(SMALL_TEXTS, batch_size=12), fp32.run(SMALL_TEXTS, batch_size=1), atol=1e-5)
+
+
+def test_eos_ends_a_row_with_the_eos_token_kept(model):
+    greedy = model.generate(["The train to Berlin"], max_new_tokens=12, eos=False)[0].token_ids
+    stop_at = greedy[4]
+    first = greedy.index(stop_at)
+    ended = model.generate(["The train to Berlin"], max_new_tokens=12, eos=stop_at)[0]
+    assert ended.token_ids == greedy[: first + 1] and ended.finish_reason == "eos"
+    forced = model.generate(["The train to Berlin"], max_new_tokens=12, eos=stop_at, min_new_tokens=12)[0]
+    assert len(forced.token_ids) == 12 and forced.finish_reason == "length"
+    assert stop_at not in forced.token_ids
+
+
+def test_stop_string_ends_a_row_and_is_cut_off(model):
+    full = model.generate(["Please close the door"], max_new_tokens=24, eos=False)[0]
+    assert len(full.text) > 6
+    stop = full.text[3:6]
+    at = full.text.index(stop)
+    stopped = model.generate(["Please close the door"], max_new_tokens=24, eos=False, stop=[stop])[0]
+    assert stopped.text == full.text[:at] and stopped.finish_reason == "stop"
+    assert len(stopped.token_ids) < len(full.token_ids)
+    pieces = [e.text for e in model.stream(["Please close the door"], max_new_tokens=24, eos=False, stop=stop)]
+    assert "".join(pieces) == full.text[:at]
+
+
+def test_sampling_repeats_with_a_seed_and_top_k_1_is_greedy(model):
+    prompts = ["How do I reset", "Photosynthesis"]
+    a = model.generate(prompts, max_new_tokens=10, temperature=1.5, seed=7, eos=False)
+    b = model.generate(prompts, max_new_tokens=10, temperature=1.5, seed=7, eos=False)
+    c = model.generate(prompts, max_new_tokens=10, temperature=1.5, seed=8, eos=False)
+    assert [x.token_ids for x in a] == [x.token_ids for x in b] != [x.token_ids for x in c]
+    greedy = model.generate(prompts, max_new_tokens=10, eos=False)
+    top1 = model.generate(prompts, max_new_tokens=10, temperature=1.5, top_k=1, seed=3, eos=False)
+    assert [x.token_ids for x in top1] == [x.token_ids for x in greedy]
+
+
+def _settings(**changes) -> Sampling:
+    base = dict(max_new_tokens=4, min_new_tokens=0, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                repetition_penalty=1.0, eos=frozenset(), stop=())  # fmt: skip
+    return Sampling(**{**base, **changes})
+
+
+def test_choose_tokens_filters_like_transformers_warpers():
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 50)).astype(np.float32) * 3
+    context = [[1, 2, 3], [4, 4], [10]]
+    for settings in (_settings(top_k=5), _settings(top_p=0.6), _settings(temperature=0.5, top_k=8, top_p=0.8)):
+        scores = torch.from_numpy(logits.copy())
+        scores = TemperatureLogitsWarper(settings.temperature)(None, scores)
+        if settings.top_k:
+            scores = TopKLogitsWarper(settings.top_k)(None, scores)
+        if settings.top_p < 1:
+            scores = TopPLogitsWarper(settings.top_p)(None, scores)
+        allowed = [set(np.flatnonzero(np.isfinite(row))) for row in scores.numpy()]
+        drawn = [set() for _ in range(3)]
+        for _ in range(400):
+            for row, token in enumerate(choose_tokens(logits, context, 0, settings, rng)):
+                drawn[row].add(int(token))
+        assert all(d <= a for d, a in zip(drawn, allowed, strict=True)), settings
+        assert all(len(d) > 1 for d, a in zip(drawn, allowed, strict=True) if len(a) > 2)
+    seen = torch.tensor([[1, 2, 3, 3], [4, 4, 4, 4], [10, 10, 10, 10]])  # the contexts, repeats padding the rows
+    penalized = RepetitionPenaltyLogitsProcessor(1.3)(seen, torch.from_numpy(logits.copy())).numpy()
+    greedy = choose_tokens(logits, context, 0, _settings(do_sample=False, repetition_penalty=1.3), rng)
+    assert greedy.tolist() == penalized.argmax(-1).tolist()
+
+
+def test_min_new_tokens_blocks_eos_in_choose_tokens():
+    logits = np.zeros((1, 5), dtype=np.float32)
+    logits[0, 2] = 5.0
+    settings = _settings(do_sample=False, min_new_tokens=2, eos=frozenset({2}))
+    assert choose_tokens(logits, [[0]], 0, settings, None).tolist() != [2]
+    assert choose_tokens(logits, [[0]], 2, settings, None).tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int from 1"),
+        ({"max_new_tokens": 10_000}, "max_new_tokens=10000 must be an int from 1 to 255"),
+        ({"temperature": -1.0}, "temperature=-1.0 must be > 0 when sampling"),
+        ({"top_p": 1.5}, r"top_p=1.5 must be in \(0, 1\]"),
+        ({"top_k": -2}, "top_k=-2 must be >= 0"),
+        ({"stop": [""]}, "must be a non-empty string"),
+        ({"min_new_tokens": -1}, "min_new_tokens=-1 must be an int >= 0"),
+    ],
+)
+def test_generate_refuses_bad_settings_naming_them(model, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        model.generate(["hello"], **kwargs)
+
+
+def test_generate_refuses_bad_prompts(model):
+    with pytest.raises(InputError, match=r"single str; wrap it: model\.generate\(\[text\]\)"):
+        model.generate("hello")
+    with pytest.raises(InputError, match="prompt 1 is empty after tokenization"):
+        model.generate(["fine", ""])
+    with pytest.raises(InputError, match="input 0 is int"):
+        model.generate([3])
+
+
+def test_overlong_prompt_keeps_its_end_or_is_refused(model):
+    long_prompt = " ".join(SMALL_TEXTS * 8)
+    ids = model.tokenizer.encode(long_prompt).ids
+    assert len(ids) > model.max_length
+    assert model._prompt_ids([long_prompt], model.max_length - 8) == [ids[-(model.max_length - 8) :]]
+    assert len(model.generate([long_prompt], max_new_tokens=8, eos=False)[0].token_ids) == 8
+    strict = Generator.__new__(Generator)
+    strict.__dict__.update(model.__dict__, spec={**model.spec, "overlong": "refuse"})
+    with pytest.raises(InputError, match=r"prompt 0 is \d+ tokens; with the new tokens asked for, 248 fit"):
+        strict.generate([long_prompt], max_new_tokens=8)
+
+
+def test_run_scores_the_next_token(model, hf):
+    logits = model.run(SMALL_TEXTS[:3])
+    assert logits.shape == (3, 512)
+    for prompt, row in zip(SMALL_TEXTS[:3], logits, strict=True):
+        assert int(row.argmax()) == _hf_greedy(hf, prompt, 1)[0]

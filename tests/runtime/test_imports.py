@@ -1,0 +1,82 @@
+"""The runtime is its own package: it imports the standard library, numpy, tokenizers, its engines and
+pipeline.errors, nothing of the build; and no module of the pipeline imports itself back through another."""
+
+import ast
+import sys
+from pathlib import Path
+
+PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
+ALLOWED = {"numpy", "tokenizers", "onnxruntime", "openvino", "tensorrt", "cuda"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PIPELINE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions count too)."""
+    found = set()
+    package = _module_name(path).rsplit(".", 0 if path.name == "__init__.py" else 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            # `from pipeline.stages import engine` imports pipeline.stages.engine
+            found |= {
+                f"{base}.{alias.name}"
+                for alias in node.names
+                if (PIPELINE.parent / base.replace(".", "/") / f"{alias.name}.py").exists()
+            }
+    return found
+
+
+def test_runtime_imports_nothing_of_the_build():
+    offenders = []
+    for path in sorted((PIPELINE / "runtime").rglob("*.py")):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if name.startswith("pipeline."):
+                if not (name == "pipeline.errors" or name.startswith("pipeline.runtime")):
+                    offenders.append(f"{path.relative_to(PIPELINE)}: {name}")
+            elif top not in ALLOWED and top not in sys.stdlib_module_names and top != "__future__":
+                offenders.append(f"{path.relative_to(PIPELINE)}: {name}")
+    assert not offenders, offenders
+
+
+def test_imports_detector_sees_a_build_import(tmp_path):
+    # The check above must be able to fail: a lazy import of a build module inside a function is found.
+    probe = PIPELINE / "runtime" / "_probe_for_test.py"
+    probe.write_text("def f():\n    from pipeline.stages import engine\n    import torch\n")
+    try:
+        assert {"pipeline.stages.engine", "torch"} <= _imports(probe)
+    finally:
+        probe.unlink()
+
+
+def test_no_import_cycle_between_modules():
+    modules = {_module_name(p): p for p in PIPELINE.rglob("*.py")}
+    graph = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+    # A package's __init__ importing its own modules is how a package exposes them, not a cycle.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    state, cycle = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycle.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycle, cycle

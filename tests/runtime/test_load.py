@@ -1,0 +1,189 @@
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ArtifactError, InputError
+from pipeline.runtime import HostMismatchWarning, cpu_flags, load, verify_artifact
+from pipeline.runtime.artifact import manifest_digest
+
+from ..conftest import REPO
+
+
+def _edit_manifest(folder, change, reseal=True):
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    if reseal:
+        manifest["manifest_sha256"] = manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_runtime_imports_no_heavy_packages(kind, request):
+    published = request.getfixturevalue("published" if kind == "encoder" else "published_gpt2")
+    use = "m.run(['hello there'])" if kind == "encoder" else "list(m.stream(['hello there'], max_new_tokens=4))"
+    code = (
+        "import sys; from pipeline.runtime import load; "
+        f"m = load({str(published)!r}); {use}; "
+        "heavy = ('torch', 'transformers', 'onnx', 'optimum', 'sentence_transformers'); "
+        "print(sorted(k for k in heavy if k in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_load_runs_equal_to_one_by_one_when_bucketed(published):
+    model = load(published)
+    texts = ["short", "a much longer sentence that needs many more tokens than the others do", "mid length text"]
+    together = model.run(texts, batch_size=3)
+    alone = np.stack([model.run([t], batch_size=1)[0] for t in texts])
+    np.testing.assert_allclose(together, alone, atol=2e-2)
+    reordered = model.run(texts[::-1], batch_size=3)[::-1]
+    np.testing.assert_allclose(reordered, together, atol=1e-6)  # each caller's row comes back in its place
+
+
+def test_load_refuses_changed_model_byte(artifact_copy):
+    model_file = artifact_copy / "model.onnx"
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"model\.onnx does not match its sha256"):
+        load(artifact_copy)
+
+
+def test_load_refuses_deleted_tokenizer(artifact_copy):
+    (artifact_copy / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is missing"):
+        load(artifact_copy)
+
+
+def test_load_refuses_edited_manifest(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["validation"].update(cosine_min=1.0), reseal=False)
+    with pytest.raises(ArtifactError, match=r"manifest\.json was edited after publishing"):
+        load(artifact_copy)
+
+
+def test_load_refuses_manifest_from_another_version(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m.update(version="v7"))
+    with pytest.raises(ArtifactError, match=r"belongs to tiny-bert/v7/cpu-avx2, but sits in tiny-bert/v1/cpu-avx2"):
+        load(artifact_copy)
+
+
+def test_load_refuses_symlink_pointing_outside(artifact_copy, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes((artifact_copy / "tokenizer.json").read_bytes())
+    (artifact_copy / "tokenizer.json").unlink()
+    os.symlink(outside, artifact_copy / "tokenizer.json")
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is a symlink"):
+        load(artifact_copy)
+
+
+def test_load_refuses_unlisted_file(artifact_copy):
+    (artifact_copy / "extra.onnx").write_bytes(b"x")
+    with pytest.raises(ArtifactError, match=r"extra\.onnx is not listed in the manifest"):
+        load(artifact_copy)
+
+
+def test_load_refuses_missing_folder(tmp_path):
+    with pytest.raises(ArtifactError, match="no artifact at"):
+        load(tmp_path / "nothing")
+
+
+def test_load_warns_or_refuses_when_host_lacks_flags(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx2", "no_such_flag"]))
+    with pytest.warns(HostMismatchWarning, match="lacks CPU flags no_such_flag"):
+        load(artifact_copy)
+    with pytest.raises(ArtifactError, match="lacks CPU flags no_such_flag"):
+        load(artifact_copy, strict=True)
+
+
+@pytest.mark.skipif("avx512f" in (cpu_flags() or ()), reason="this host has AVX-512")
+def test_load_warns_for_avx512_artifact_on_avx2_host(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx512f", "avx512bw"]))
+    with pytest.warns(HostMismatchWarning, match="avx512bw, avx512f"):
+        load(artifact_copy)
+
+
+def test_load_warns_when_int8_kernels_differ_from_build_host(artifact_copy):
+    flags = sorted(cpu_flags() or ())
+    changed = [f for f in flags if f != "avx512_vnni"] if "avx512_vnni" in flags else flags + ["avx512_vnni"]
+    _edit_manifest(artifact_copy, lambda m: m["host"].update(cpu_flags=changed))
+    with pytest.warns(HostMismatchWarning, match="differ in avx512_vnni"):
+        load(artifact_copy)
+
+
+def test_load_no_warning_when_host_has_flags(published):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(published)
+
+
+@pytest.mark.parametrize(
+    "texts, message",
+    [
+        ("one string", "got a single str"),
+        ([], "empty list"),
+        (["fine", 3], "input 1 is int"),
+        (None, "got NoneType"),
+    ],
+)
+def test_model_run_refuses_bad_input(published, texts, message):
+    with pytest.raises(InputError, match=message):
+        load(published).run(texts)
+
+
+def test_model_run_truncates_overlong_input(published):
+    model = load(published)
+    out = model.run(["word " * 5000])
+    assert out.shape == (1, 32) and np.isfinite(out).all()
+
+
+def test_model_run_refuses_overlong_when_target_says(artifact_copy):
+    _edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
+    with pytest.raises(InputError, match=r"input 0 is \d+ tokens, over the model's 128"):
+        load(artifact_copy).run(["word " * 500])
+
+
+def test_verify_artifact_returns_manifest(published):
+    manifest = verify_artifact(published)
+    assert manifest["target"] == "cpu-avx2" and manifest["version"] == "v1"
+
+
+def test_model_batches_buckets_by_length(published):
+    model = load(published)
+    lengths = [40, 5, 6, 100, 7, 41, 30]
+    assert model.batches(lengths, 32) == [[1, 2, 4], [6, 0, 5], [3]]
+    assert model.batches(lengths, 2) == [[1, 2], [4], [6, 0], [5], [3]]
+    assert model.batches(lengths, 4, bucketing=False) == [[0, 1, 2, 3], [4, 5, 6]]
+
+
+def test_model_run_same_rows_with_and_without_bucketing(published):
+    model = load(published)
+    texts = ["tiny", "a sentence of middling length here", "word " * 60, "short one"]
+    np.testing.assert_allclose(model.run(texts), model.run(texts, bucketing=False), atol=2e-2)
+
+
+def test_ort_gpu_providers_carry_the_targets_profiles_and_caches(tmp_path):
+    from pipeline.runtime.backends.onnxruntime import ort_gpu_providers
+    from pipeline.targets import load_target
+
+    shape = {"min": [1, 1], "opt": [8, 128], "max": [32, 256]}
+    manifest = {
+        "target_spec": load_target("a100").to_dict(),
+        "engine": {"profiles": {"input_ids": shape, "attention_mask": shape}},
+    }
+    every = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    (trt, options), cuda, cpu = ort_gpu_providers(manifest, tmp_path, every)
+    assert (trt, cuda, cpu) == tuple(every)
+    assert options["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1"
+    assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256"
+    assert options["trt_engine_cache_path"] == str(tmp_path / "onnxruntime") and options["trt_engine_cache_enable"]
+    assert options["trt_max_workspace_size"] == 4096 << 20 and options["trt_builder_optimization_level"] == 3
+    assert ort_gpu_providers(manifest, tmp_path, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    decoder = {**manifest, "engine": {"profiles": None}}
+    assert ort_gpu_providers(decoder, tmp_path, every) == ["CUDAExecutionProvider", "CPUExecutionProvider"]

@@ -1,0 +1,102 @@
+import json
+import shutil
+
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.manifest import Manifest
+from pipeline.stages import checkpoint
+from pipeline.stages.checkpoint import checkpoint_digest, default_checkpoint
+from pipeline.targets import load_target
+
+from ..tiny import make_checkpoint
+
+
+def _run(folder, task=None):
+    manifest = Manifest(
+        model_name="m", source=str(folder), cache_dir="", artifacts_dir="", validation_path="", calibration_path="",
+        task_override=task,
+    )  # fmt: skip
+    return checkpoint.run(manifest, load_target("cpu-avx2")).checkpoint
+
+
+def test_run_reads_sentence_transformers_pooling_of_minilm():
+    info = _run(default_checkpoint())
+    assert info.task == "feature-extraction" and info.model_type == "bert"
+    assert info.pooling == {"mode": "mean", "normalize": True}
+    assert info.max_length == 256  # sentence_bert_config.json, not the 512 positions
+
+
+def test_run_detects_task_from_head(tmp_path):
+    folder = make_checkpoint(tmp_path / "cls", "bert", "sequence-classification")
+    info = _run(folder)
+    assert info.task == "sequence-classification" and info.pooling is None
+
+
+def test_run_defaults_to_mean_pooling_without_modules_json(tiny_bert):
+    assert _run(tiny_bert).pooling == {"mode": "mean", "normalize": False}
+
+
+def test_run_refuses_missing_folder(tmp_path):
+    with pytest.raises(InputError, match="is not a folder"):
+        _run(tmp_path / "nope")
+
+
+def test_run_refuses_folder_without_config(tmp_path):
+    with pytest.raises(InputError, match="no config.json: not a Hugging Face checkpoint"):
+        _run(tmp_path)
+
+
+def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
+    folder = tmp_path / "t5"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
+    with pytest.raises(InputError, match=r"architecture 't5' is not supported; supported: bert, distilbert, electra"):
+        _run(folder)
+
+
+def test_run_picks_text_generation_for_a_causal_lm(tiny_gpt2):
+    info = _run(tiny_gpt2)
+    assert info.task == "text-generation" and info.model_type == "gpt2" and info.pooling is None
+    assert info.max_length == 256  # config.json's n_positions
+
+
+def test_run_refuses_a_task_of_the_other_family(tiny_gpt2, tiny_bert):
+    with pytest.raises(InputError, match=r"task 'feature-extraction' is for encoder models, and gpt2 is of the "
+                                         r"decoder family, whose tasks are: text-generation"):  # fmt: skip
+        _run(tiny_gpt2, task="feature-extraction")
+    with pytest.raises(InputError, match=r"task 'text-generation' is for decoder models"):
+        _run(tiny_bert, task="text-generation")
+
+
+def test_run_refuses_missing_weights(tmp_path, tiny_bert):
+    folder = tmp_path / "noweights"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(InputError, match="has no weights"):
+        _run(folder)
+
+
+def test_run_refuses_unknown_task(tiny_bert):
+    with pytest.raises(InputError, match="task 'summarization' is not supported"):
+        _run(tiny_bert, task="summarization")
+
+
+def test_run_refuses_unsupported_sentence_transformers_module(tmp_path, tiny_bert):
+    folder = tmp_path / "dense"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense", "path": "2"}]))
+    with pytest.raises(InputError, match="Dense"):
+        _run(folder)
+
+
+def test_checkpoint_digest_changes_with_weights_not_readme(tmp_path, tiny_bert):
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_bert, folder)
+    before = checkpoint_digest(folder)
+    (folder / "README.md").write_text("docs do not change the model")
+    assert checkpoint_digest(folder) == before
+    with open(folder / "model.safetensors", "ab") as handle:
+        handle.write(b"\0")
+    assert checkpoint_digest(folder) != before

@@ -1,0 +1,136 @@
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from pipeline.errors import ExportError, InputError
+from pipeline.manifest import Manifest
+from pipeline.stages import checkpoint, export
+from pipeline.targets import load_target
+
+from ..tiny import make_checkpoint
+
+
+def _export(folder, cache):
+    target = load_target("cpu-avx2")
+    manifest = Manifest(
+        model_name="m", source=str(folder), cache_dir=str(cache), artifacts_dir="", validation_path="",
+        calibration_path="",
+    )  # fmt: skip
+    return export.run(checkpoint.run(manifest, target), target)
+
+
+def test_onnx_from_checkpoint_matches_pytorch_on_dynamic_shapes(tiny_bert, tmp_path):
+    manifest = _export(tiny_bert, tmp_path)
+    record = manifest.stage("export")
+    session = ort.InferenceSession(str(record.output("model.onnx")), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    model = export.load_torch_model(manifest.checkpoint)
+    for batch, length in ((1, 3), (3, 17)):
+        ids = torch.randint(1000, 2000, (batch, length))
+        mask = torch.ones_like(ids)
+        mask[0, length // 2 :] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        with torch.inference_mode():
+            hidden = model(**feeds).last_hidden_state
+        m = mask.unsqueeze(-1).float()
+        expected = ((hidden * m).sum(1) / m.sum(1)).numpy()
+        got = session.run(None, {k: v.numpy() for k, v in feeds.items()})[0]
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_onnx_from_checkpoint_is_cached_by_content(tiny_bert, tmp_path):
+    first = _export(tiny_bert, tmp_path).stage("export")
+    second = _export(tiny_bert, tmp_path).stage("export")
+    assert not first.reused and second.reused and first.key == second.key
+
+
+def test_onnx_from_checkpoint_rebuilds_truncated_cache_entry(tiny_bert, tmp_path):
+    first = _export(tiny_bert, tmp_path).stage("export")
+    path = first.output("model.onnx")
+    path.write_bytes(path.read_bytes()[:1000])
+    again = _export(tiny_bert, tmp_path).stage("export")
+    assert not again.reused
+    ort.InferenceSession(str(again.output("model.onnx")), providers=["CPUExecutionProvider"])
+
+
+def test_onnx_from_checkpoint_refuses_nan_weights(tmp_path):
+    folder = make_checkpoint(tmp_path / "nan", "bert")
+    model = export.load_torch_model(checkpoint.run(
+        Manifest("m", str(folder), "", "", "", ""), load_target("cpu-avx2")
+    ).checkpoint)  # fmt: skip
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.fill_(float("nan"))
+    model.save_pretrained(folder)
+    with pytest.raises(ExportError, match="outputs NaN or inf"):
+        _export(folder, tmp_path / "cache")
+    assert not list((tmp_path / "cache").rglob("model.onnx"))
+
+
+def test_onnx_from_checkpoint_refuses_corrupt_weights(tmp_path, tiny_bert):
+    folder = tmp_path / "corrupt"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(InputError, match="could not load the weights"):
+        _export(folder, tmp_path / "cache")
+
+
+def test_onnx_from_causal_lm_has_kv_cache_io_and_last_token_logits(tiny_gpt2, tmp_path):
+    record = _export(tiny_gpt2, tmp_path).stage("export")
+    assert record.metrics["last_token_logits"] and record.metrics["probe_max_abs_diff"] < 1e-4
+    session = ort.InferenceSession(str(record.output("model.onnx")), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    assert inputs["input_ids"] == ["batch_size", "sequence_length"]
+    assert inputs["past_key_values.0.key"] == ["batch_size", 4, "past_sequence_length", 16]
+    assert [o.name for o in session.get_outputs()] == ["logits"] + [
+        f"present.{i}.{kv}" for i in range(2) for kv in ("key", "value")
+    ]
+    spec = record.metrics["spec"]
+    assert spec["past"] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
+    assert spec["eos_token_ids"] == [0] and spec["defaults"]["do_sample"] is False
+    # One graph serves the prompt and each new token: the cache it returns, fed back, gives PyTorch's logits.
+    model = export.load_torch_model(checkpoint.run(
+        Manifest("m", str(tiny_gpt2), "", "", "", ""), load_target("cpu-avx2")
+    ).checkpoint)  # fmt: skip
+    ids = np.array([[5, 17, 99, 300, 42, 7]], dtype=np.int64)
+    empty = {n: np.zeros((1, 4, 0, 16), np.float32) for n in spec["past"]}
+
+    def step(tokens, start):
+        feeds = {"input_ids": tokens, "attention_mask": np.ones((1, start + tokens.shape[1]), np.int64),
+                 "position_ids": np.arange(start, start + tokens.shape[1])[None], **past}  # fmt: skip
+        logits, *present = session.run(None, feeds)
+        assert logits.shape == (1, 1, 512)  # the last position only
+        return logits[0, -1], dict(zip(spec["past"], present, strict=True))
+
+    past = empty
+    first, past = step(ids[:, :4], 0)
+    second, past = step(ids[:, 4:5], 4)
+    third, past = step(ids[:, 5:6], 5)
+    assert past["past_key_values.1.value"].shape == (1, 4, 6, 16)
+    with torch.inference_mode():
+        full = model(torch.from_numpy(ids)).logits[0].numpy()
+    for got, position in ((first, 3), (second, 4), (third, 5)):
+        np.testing.assert_allclose(got, full[position], atol=1e-4)
+
+
+def test_last_token_logits_leaves_other_graphs_alone():
+    import onnx
+
+    graph = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["logits"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 2, 3])],
+    ))  # fmt: skip
+    assert export.last_token_logits(graph) is False and len(graph.graph.node) == 1
+
+
+def test_onnx_from_causal_lm_refuses_generation_settings_it_cannot_follow(tiny_gpt2, tmp_path):
+    folder = tmp_path / "beams"
+    shutil.copytree(tiny_gpt2, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "num_beams": 4, "no_repeat_ngram_size": 3}))
+    with pytest.raises(ExportError, match=r"sets no_repeat_ngram_size, num_beams, which the runtime's generate\(\)"):
+        _export(folder, tmp_path / "cache")

@@ -1,0 +1,155 @@
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from pipeline.build import build
+from pipeline.errors import AccuracyError, TargetError
+from pipeline.manifest import Manifest, candidate_model
+from pipeline.quantization import activation_absmax, quantizable_nodes, smooth
+from pipeline.stages import checkpoint, export, optimize
+from pipeline.targets import load_target
+
+from ..conftest import SMALL_TEXTS, write_target
+from ..tiny import make_decoder
+
+
+@pytest.fixture
+def fused(tiny_bert, tmp_path):
+    target = load_target("cpu-avx2")
+    manifest = Manifest("m", str(tiny_bert), str(tmp_path / "cache"), "", "", "")
+    for stage in (checkpoint.run, export.run, optimize.run):
+        manifest = stage(manifest, target)
+    return manifest, target
+
+
+def test_smooth_keeps_fp32_outputs_and_rescales_every_node(fused, tmp_path):
+    manifest, target = fused
+    source = manifest.last_model().output("model.onnx")
+    model = candidate_model(manifest, target, source)
+    nodes = quantizable_nodes(onnx.load(str(source)), target.quantize.op_types)
+    ranges = activation_absmax(source, nodes, model, SMALL_TEXTS, 4)
+    assert all(r.ndim == 1 and (r > 0).all() for r in ranges.values())
+    smoothed = smooth(source, tmp_path / "smoothed.onnx", ranges, target.quantize.op_types, 0.75)
+    assert len(smoothed) == len(nodes) == 4 * 2  # per layer: Attention, attention output, FFN in and out
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "smoothed.onnx")).graph.node]
+    assert ops.count("Mul") >= len(nodes)
+    after = candidate_model(manifest, target, tmp_path / "smoothed.onnx").run(SMALL_TEXTS)
+    np.testing.assert_allclose(after, model.run(SMALL_TEXTS), atol=1e-4)
+
+
+def test_quantize_dynamic_writes_integer_matmuls(tiny_bert, texts_file, build_dirs):
+    manifest = build(tiny_bert, "cpu-avx2", validation=texts_file, calibration=texts_file, **build_dirs)
+    graph = onnx.load(manifest.published["path"] + "/model.onnx")
+    ops = {n.op_type for n in graph.graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} & ops or "DynamicQuantizeMatMul" in ops
+    assert "QAttention" in ops
+    metrics = manifest.stage("quantize").metrics
+    assert metrics["quantized_nodes"] == 8 and metrics["fp32_nodes"] == [] and metrics["smoothed_nodes"] == 8
+    ort.InferenceSession(manifest.published["path"] + "/model.onnx", providers=["CPUExecutionProvider"])
+
+
+def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, texts_file, build_dirs, tmp_path):
+    plain = build(tiny_bert, "cpu-avx2", validation=texts_file, calibration=texts_file, **build_dirs)
+    plain_diff = plain.stage("quantize").metrics["candidates"][0]["max_abs_diff"]
+    strict = write_target(
+        tmp_path, "strict", accuracy__max_abs_diff=plain_diff * 0.7, quantize__fallback_headroom=0.0,
+        quantize__max_fp32_nodes=6,
+    )  # fmt: skip
+    mixed = build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+    metrics = mixed.stage("quantize").metrics
+    assert metrics["candidates"][0]["passed"] is False and metrics["candidates"][-1]["passed"] is True
+    assert 1 <= len(metrics["fp32_nodes"]) <= 6
+    assert len(metrics["sensitivity"]) == 8
+    assert metrics["fp32_nodes"][0] == metrics["sensitivity"][0]["node"]  # the most sensitive goes first
+    assert mixed.stage("validate").metrics["max_abs_diff"] <= plain_diff * 0.7
+
+
+def test_quantize_raises_when_fallback_budget_is_spent(tiny_bert, texts_file, build_dirs, tmp_path):
+    strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-9, quantize__max_fp32_nodes=2)
+    with pytest.raises(AccuracyError, match="even with 2 of 8 quantizable nodes kept in fp32"):
+        build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+    assert not list(build_dirs["artifacts_dir"].rglob("model.onnx"))
+
+
+def test_quantize_fallback_keeps_one_node_int8_at_least(tiny_bert, texts_file, build_dirs, tmp_path):
+    strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-12, quantize__max_fp32_nodes=64)
+    with pytest.raises(AccuracyError, match=r"even with 7 of 8 quantizable nodes kept in fp32.*\(cpu-fp32\)"):
+        build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
+
+
+def test_quantize_decoder_falls_back_until_every_greedy_continuation_matches(texts_file, build_dirs, tmp_path):
+    folder = make_decoder(tmp_path / "tiny-llama", "llama")
+    # A random tiny LM's logits are nearly flat, so exact greedy equality on every prompt fails on a near-tie with
+    # some hosts' int8 kernels whatever stays in fp32: the gate here asks for 11 of 12 prompts.
+    target = write_target(tmp_path, "wide", quantize__max_fp32_nodes=64, quantize__fallback_headroom=0.0,
+                          accuracy__greedy_match=0.9)  # fmt: skip
+    manifest = build(folder, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    metrics = manifest.stage("quantize").metrics
+    first, last = metrics["candidates"][0], metrics["candidates"][-1]
+    assert first["greedy_match"] < 1.0 and not first["passed"]  # a random tiny LM's logits are nearly flat
+    assert last["greedy_match"] >= 0.9 and last["passed"] and metrics["quantized_nodes"] >= 1
+    errors = [s["error"] for s in metrics["sensitivity"]]
+    assert errors == sorted(errors, reverse=True)
+    assert manifest.stage("validate").metrics["greedy_match"] >= 0.9
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+
+
+def test_quantize_refuses_static_int8_for_decoders(tiny_gpt2, texts_file, build_dirs):
+    with pytest.raises(TargetError, match="static int8, which this pipeline does not do for decoders"):
+        build(tiny_gpt2, "cpu-avx2-static", validation=texts_file, calibration=texts_file, **build_dirs)
+    assert not list(build_dirs["artifacts_dir"].rglob("model.onnx"))
+
+
+def test_quantize_honours_excluded_op_types(tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, "noattn", quantize__exclude_op_types=["Attention"])
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert "Attention" in ops and "QAttention" not in ops
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_quantize_static_qoperator_with_each_calibration_method(method, tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, f"static-{method}", quantize__mode="static", quantize__calibration_method=method)
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
+    assert {"QLinearMatMul", "QAttention"} & ops and "DynamicQuantizeLinear" not in ops
+    metrics = manifest.stage("quantize").metrics
+    assert metrics["mode"] == "static" and metrics["calibration_method"] == method
+    assert manifest.stage("validate").metrics["cosine_min"] >= 0.99
+    assert all(c["latency_ms_batch_1"] > 0 for c in metrics["candidates"])
+
+
+def test_quantize_static_qdq_writes_quantize_dequantize_pairs(tiny_bert, texts_file, build_dirs, tmp_path):
+    target = write_target(tmp_path, "static-qdq", quantize__mode="static", quantize__format="qdq")
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    ops = [n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node]
+    assert ops.count("QuantizeLinear") > 0 and ops.count("DequantizeLinear") >= ops.count("QuantizeLinear")
+
+
+def test_quantize_static_same_inputs_give_same_artifact(tiny_bert, texts_file, tmp_path):
+    target = write_target(tmp_path, "static", quantize__mode="static")
+    files = []
+    for run in ("one", "two"):
+        manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file,
+                         artifacts_dir=tmp_path / run / "a", cache_dir=tmp_path / run / "c")  # fmt: skip
+        published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
+        files.append({k: v for k, v in published["files"].items() if k != "report.json"})
+        assert published["stages"]["quantize"]["config"]["calibration"]
+    assert files[0] == files[1]
+
+
+def test_calibration_reader_streams_fixed_width_batches(fused):
+    from pipeline.quantization import calibration_reader
+
+    manifest, target = fused
+    model = candidate_model(manifest, target)
+    reader = calibration_reader(model, SMALL_TEXTS, 5)
+    assert len(reader) == 3
+    widths = {feeds["input_ids"].shape[1] for feeds in iter(reader.get_next, None)}
+    assert len(widths) == 1  # every batch padded to one length
+    reader.set_range(1, 2)
+    assert reader.get_next()["input_ids"].shape[0] == 5 and reader.get_next() is None

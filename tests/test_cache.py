@@ -1,0 +1,138 @@
+"""Cache keys are derived from each stage's declaration: every declared field, the inputs, package versions and,
+where the output depends on it, the host. Changing what shapes an output rebuilds it; nothing else does."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import cache
+from pipeline.build import build
+from pipeline.cache import StageSpec, runtime_code_digest
+from pipeline.errors import CacheError, PipelineError
+from pipeline.stages import engine, export, optimize, precision, quantize, tune, validate
+
+from .conftest import write_target
+
+STAGES = [export.STAGE, optimize.STAGE, quantize.STAGE, precision.STAGE, validate.STAGE, tune.STAGE, engine.STAGE]
+
+
+def _sample(spec: StageSpec):
+    values = {}
+    for field in dataclasses.fields(spec.config):
+        values[field.name] = {"x": 1} if "dict" in str(field.type) else 3 if "int" in str(field.type) else "a"
+        if "tuple" in str(field.type):
+            values[field.name] = (1,) if "int" in str(field.type) else ("a",)
+    return spec.config(**values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=st.sampled_from(STAGES), data=st.data())
+def test_changing_any_declared_field_changes_the_key(spec, data):
+    config = _sample(spec)
+    field = data.draw(st.sampled_from([f.name for f in dataclasses.fields(spec.config)]))
+    new = data.draw(st.text(min_size=1, max_size=5).filter(lambda v: v != getattr(config, field)))
+    changed = dataclasses.replace(config, **{field: new})
+    assert spec.key(config, {"graph": "k"}) != spec.key(changed, {"graph": "k"})
+    assert spec.key(config, {"graph": "k"}) != spec.key(config, {"graph": "other"})
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda s: s.name)
+def test_a_config_missing_a_declared_field_or_of_another_type_is_an_error(spec):
+    fields = [f.name for f in dataclasses.fields(spec.config)]
+    with pytest.raises(TypeError):
+        spec.config(**{name: 1 for name in fields[1:]})
+    with pytest.raises(PipelineError, match=f"declares {spec.config.__name__}"):
+        spec.key({name: 1 for name in fields}, {})
+
+
+def test_package_version_and_host_enter_the_key_where_declared(monkeypatch):
+    config = _sample(export.STAGE)
+    before = export.STAGE.key(config, {})
+    monkeypatch.setattr(cache.metadata, "version", lambda name: "9.9.9")
+    assert export.STAGE.key(config, {}) != before
+    assert {"optimum", "optimum-onnx", "onnx", "tokenizers", "sentence-transformers"} <= set(export.STAGE.packages)
+    assert "onnxruntime" in precision.STAGE.packages
+    body = validate.STAGE.key_body(_sample(validate.STAGE), {})
+    assert body["host"] == cache.kernel_class() and body["runtime_code"] == runtime_code_digest()
+    assert "host" not in export.STAGE.key_body(config, {})
+    monkeypatch.setattr(cache, "kernel_class", lambda: "amx")
+    assert validate.STAGE.key_body(_sample(validate.STAGE), {})["host"] == "amx"
+
+
+def test_engine_key_holds_data_and_thresholds_but_not_the_driver():
+    fields = {f.name for f in dataclasses.fields(engine.EngineConfig)}
+    assert {"data", "accuracy"} <= fields
+
+
+def test_runtime_code_digest_follows_the_runtime_source(tmp_path, monkeypatch):
+    copy = tmp_path / "runtime"
+    shutil.copytree(cache.RUNTIME_DIR, copy)
+    monkeypatch.setattr(cache, "RUNTIME_DIR", copy)
+    before = runtime_code_digest()
+    (copy / "encoder.py").write_text((copy / "encoder.py").read_text() + "\n# changed\n")
+    assert runtime_code_digest() != before
+
+
+def _rebuilt(manifest):
+    return [r.name for r in manifest.stages if not r.reused and r.name != "checkpoint"]
+
+
+def test_runtime_only_settings_do_not_re_export(tiny_bert, texts_file, calibration_file, tmp_path):
+    dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
+    data = {"validation": texts_file, "calibration": calibration_file}
+    build(tiny_bert, "cpu-avx2", **dirs, **data)
+    overlong = write_target(tmp_path, "cpu-avx2", shapes__overlong="refuse")
+    again = build(tiny_bert, str(overlong), **dirs, **data)
+    assert "export" not in _rebuilt(again) and "quantize" not in _rebuilt(again)
+    assert (
+        json.loads((tmp_path / "a" / "tiny-bert" / "v2" / "cpu-avx2" / "manifest.json").read_text())["model"][
+            "overlong"
+        ]
+        == "refuse"
+    )
+    threads = write_target(tmp_path, "cpu-avx2", runtime__intra_op_threads=1)
+    third = build(tiny_bert, str(threads), **dirs, **data)
+    assert "validate" in _rebuilt(third) and "export" not in _rebuilt(third)
+
+
+def test_another_kernel_class_revalidates_and_a_new_tune_keeps_the_version(
+    tiny_bert, texts_file, calibration_file, tmp_path, monkeypatch
+):
+    dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
+    data = {"validation": texts_file, "calibration": calibration_file}
+    first = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    monkeypatch.setattr(cache, "usable_cores", lambda: 64)  # another machine: tune again
+    retuned = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    assert _rebuilt(retuned) == ["tune"]
+    assert retuned.published["reused"] and retuned.published["version"] == first.published["version"]
+    monkeypatch.setattr(cache, "kernel_class", lambda: "amx")  # other int8 kernels: measure again
+    other = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    assert {"quantize", "validate"} <= set(_rebuilt(other)) and "export" not in _rebuilt(other)
+
+
+def test_dead_builds_scratch_folder_is_removed_by_the_next_build(tmp_path):
+    stage_dir = tmp_path / "quantize"
+    dead = stage_dir / ".tmp-0123-dead"
+    dead.mkdir(parents=True)
+    (dead / cache.OWNER).write_text("")  # its builder held a lock on this file, and is gone
+    (dead / "big.onnx").write_bytes(b"x" * 1000)
+    live = stage_dir / ".tmp-4567-live"
+    live.mkdir()
+    import fcntl
+
+    with open(live / cache.OWNER, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        assert cache.remove_dead_scratch(stage_dir) == [dead]
+    assert live.exists() and not dead.exists()
+
+
+def test_unwritable_cache_is_one_line_error_naming_the_folder(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    spec = optimize.STAGE
+    with pytest.raises(CacheError, match=r"the stage cache .*not-a-folder/optimize cannot be written"):
+        cache.run_cached(blocker, spec, _sample(spec), {}, lambda out: {})
