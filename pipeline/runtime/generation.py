@@ -22,6 +22,8 @@ transformers' order: repetition penalty, then temperature, top-k and top-p; gree
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
-from pipeline.runtime.text import check_texts, open_tokenizer
+from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
 
 # Tokens of the prompt decoded with each new token, so that a word-initial space or a multi-byte character that
 # depends on the token before it comes out right.
@@ -53,6 +55,39 @@ def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
         ids[row, width - len(tokens) :] = tokens
         mask[row, width - len(tokens) :] = 1
     return ids, mask
+
+
+def _is_number(value) -> bool:
+    """A finite real number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value) -> bool:
+    """An integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _setting_problems(values: dict, max_length: int) -> list[str]:
+    """One message per bad generation setting in `values` (a call's settings, defaults filled in)."""
+    problems = []
+    new, least = values["max_new_tokens"], values["min_new_tokens"]
+    if not _is_int(new) or not 1 <= new < max_length:
+        problems.append(f"max_new_tokens={new!r} must be an int from 1 to {max_length - 1}")
+    if not _is_int(least) or least < 0:
+        problems.append(f"min_new_tokens={least!r} must be an int >= 0")
+    if values["do_sample"] is not None and not isinstance(values["do_sample"], bool | np.bool_):
+        problems.append(f"do_sample={values['do_sample']!r} must be True, False or None")
+    temperature, top_p = values["temperature"], values["top_p"]
+    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
+        problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        problems.append(f"top_p={top_p!r} must be a number in (0, 1]")
+    top_k, penalty = values["top_k"], values["repetition_penalty"]
+    if top_k is not None and not (_is_int(top_k) and top_k >= 0):
+        problems.append(f"top_k={top_k!r} must be an int >= 0 (0 turns it off)")
+    if penalty is not None and not (_is_number(penalty) and penalty > 0):
+        problems.append(f"repetition_penalty={penalty!r} must be a finite number > 0 (1 turns it off)")
+    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +178,18 @@ class _Detokenizer:
     def add(self, token: int) -> tuple[str, bool]:
         """Add a token; returns (the text to emit now, whether a stop string was reached)."""
         self.ids.append(token)
+        return self._advance(final=False)
+
+    def flush(self) -> tuple[str, bool]:
+        """The row has ended: (all the text not emitted yet, whether it reached a stop string). A trailing
+        incomplete character comes out as the decoder shows it ("\ufffd"), so that the row's text equals the
+        tokenizer's decode of its tokens."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> tuple[str, bool]:
         before = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
         after = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
             self.text += after[len(before) :]
             self.prefix, self.read = self.read, len(self.ids)
         for stop in self.stop:
@@ -153,12 +197,10 @@ class _Detokenizer:
             if at >= 0:
                 self.text = self.text[:at]
                 return self._emit(len(self.text)), True
+        if final:
+            return self._emit(len(self.text)), False
         held = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
         return self._emit(len(self.text) - held), False
-
-    def flush(self) -> str:
-        """All the text not emitted yet: the row has ended."""
-        return self._emit(len(self.text))
 
     def _emit(self, upto: int) -> str:
         upto = max(upto, self.sent)
@@ -189,28 +231,30 @@ class Generator:
         # [batch, kv heads, past length, head size]: heads and head size are fixed numbers in the graph.
         self.past_shapes = {name: (int(shapes[name][1]), int(shapes[name][3])) for name in self.past_names}
 
-    def encode(self, prompts) -> list:
+    def encode(self, prompts, call: str = "generate()") -> list:
         """Tokenize prompts with the Rust tokenizer (special tokens such as BOS added as the checkpoint does)."""
-        prompts = check_texts(prompts, "generate()")
+        prompts = check_texts(prompts, call)
         encodings = self.tokenizer.encode_batch(prompts)
         for i, enc in enumerate(encodings):
             if not enc.ids:
                 raise InputError(
-                    f"prompt {i} is empty after tokenization and this tokenizer adds no start token; "
+                    f"{call} prompt {i} is empty after tokenization and this tokenizer adds no start token; "
                     "pass at least one character"
                 )
         return encodings
 
-    def _prompt_ids(self, prompts, room: int) -> list[list[int]]:
+    def _prompt_ids(self, prompts, room: int, call: str = "generate()") -> list[list[int]]:
         """Token ids of each prompt, cut from the left to `room` tokens (or refused, per the target)."""
-        rows = [list(e.ids) for e in self.encode(prompts)]
+        rows = [list(e.ids) for e in self.encode(prompts, call)]
         for i, ids in enumerate(rows):
             if len(ids) > room:
                 if self.spec["overlong"] == "refuse":
-                    raise InputError(
-                        f"prompt {i} is {len(ids)} tokens; with the new tokens asked for, {room} fit the model's "
-                        f"{self.max_length}. Shorten it, ask for fewer new tokens, or use a truncating target"
-                    )
+                    if room < self.max_length:
+                        why = f"with the new tokens asked for, {room} fit the model's {self.max_length}. Shorten it, "
+                        why += "ask for fewer new tokens,"
+                    else:
+                        why = f"over the model's {self.max_length}; shorten it"
+                    raise InputError(f"{call} prompt {i} is {len(ids)} tokens; {why} or use a truncating target")
                 rows[i] = ids[-room:]  # keep the end: it is what the continuation follows
         return rows
 
@@ -219,71 +263,85 @@ class Generator:
 
     def feeds(self, encodings) -> dict:
         """Prompt-step inputs for a list of encodings: left-padded ids, the mask, positions and an empty cache."""
-        ids, mask = left_padded([list(e.ids) for e in encodings], self.pad_id)
+        return self._row_feeds([list(e.ids) for e in encodings])
+
+    def _row_feeds(self, rows: list[list[int]]) -> dict:
+        ids, mask = left_padded(rows, self.pad_id)
         arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}
         return {**{n: arrays[n] for n in self.input_names if n in arrays}, **self._empty_past(len(ids))}
 
     def run(self, prompts, batch_size: int | None = None, bucketing: bool = True) -> np.ndarray:
         """Next-token logits [n, vocab] of each prompt (no generation). Prompts are grouped by length, so a short
-        prompt is not padded to a long one."""
-        encodings = self.encode(prompts)
-        batch_size = batch_size or self.batch_size
-        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids)) if bucketing else None
-        order = order or list(range(len(encodings)))
-        results: list = [None] * len(encodings)
+        prompt is not padded to a long one. A prompt over the model's max_length keeps its end (or is refused,
+        per the target), as in generate."""
+        batch_size = check_batch_size(batch_size, "run()") or self.batch_size
+        rows = self._prompt_ids(prompts, self.max_length, "run()")
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if bucketing else list(range(len(rows)))
+        results: list = [None] * len(rows)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            logits = self.session.run([self.output_names[0]], self.feeds([encodings[i] for i in chunk]))[0]
+            logits = self.session.run([self.output_names[0]], self._row_feeds([rows[i] for i in chunk]))[0]
             for row, index in enumerate(chunk):
                 results[index] = logits[row, -1]
         return np.stack(results)
 
     def settings(self, max_new_tokens=None, min_new_tokens=0, do_sample=None, temperature=None, top_k=None,
                  top_p=None, repetition_penalty=None, eos=None, stop=None) -> Sampling:  # fmt: skip
-        """Resolve a call's settings against the checkpoint's defaults; a bad value is an InputError."""
+        """Resolve a call's settings against the checkpoint's defaults; a bad value is an InputError naming it."""
         pick = {
             "do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "repetition_penalty": repetition_penalty,
         }  # fmt: skip
         values = {k: self.defaults.get(k) if v is None else v for k, v in pick.items()}
-        if do_sample is None and temperature is not None and temperature > 0:
-            values["do_sample"] = True  # asking for a temperature is asking to sample
-        if temperature is not None and temperature == 0:
-            values["do_sample"] = False
-        max_new_tokens = 32 if max_new_tokens is None else max_new_tokens
-        problems = []
-        if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens < self.max_length:
-            problems.append(f"max_new_tokens={max_new_tokens!r} must be an int from 1 to {self.max_length - 1}")
-        if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
-            problems.append(f"min_new_tokens={min_new_tokens!r} must be an int >= 0")
-        if (temperature is not None and temperature < 0) or (values["do_sample"] and not values["temperature"]):
+        values["max_new_tokens"] = 32 if max_new_tokens is None else max_new_tokens
+        values["min_new_tokens"] = 0 if min_new_tokens is None else min_new_tokens
+        problems = _setting_problems(values, self.max_length)
+        stop = self._stop_strings(stop, problems)
+        eos_ids = self._eos_ids(eos, problems)
+        if not problems and temperature is not None:
+            if temperature == 0:
+                values["do_sample"] = False  # temperature 0 is greedy
+            elif do_sample is None:
+                values["do_sample"] = True  # asking for a temperature is asking to sample
+        if not problems and values["do_sample"] and not values["temperature"]:
             problems.append(f"temperature={values['temperature']!r} must be > 0 when sampling (0 is greedy)")
-        if not 0 < float(values["top_p"] if values["top_p"] is not None else 1.0) <= 1:
-            problems.append(f"top_p={values['top_p']!r} must be in (0, 1]")
-        if int(values["top_k"] or 0) < 0:
-            problems.append(f"top_k={values['top_k']!r} must be >= 0 (0 turns it off)")
-        if not float(values["repetition_penalty"] or 1.0) > 0:
-            problems.append(f"repetition_penalty={values['repetition_penalty']!r} must be > 0")
-        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if not all(isinstance(s, str) and s for s in stop):
-            problems.append(f"stop={stop!r} must be a non-empty string or a list of them")
-        if eos is False:
-            eos_ids = frozenset()
-        elif eos is None or eos is True:
-            eos_ids = self.eos
-        else:
-            eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
         if problems:
             raise InputError("generate(): " + "; ".join(problems))
         return Sampling(
-            max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=bool(values["do_sample"]),
-            temperature=float(values["temperature"] or 1.0), top_k=int(values["top_k"] or 0),
-            top_p=float(values["top_p"] if values["top_p"] is not None else 1.0),
-            repetition_penalty=float(values["repetition_penalty"] or 1.0), eos=eos_ids, stop=stop,
+            max_new_tokens=int(values["max_new_tokens"]), min_new_tokens=int(values["min_new_tokens"]),
+            do_sample=bool(values["do_sample"]), temperature=float(values["temperature"] or 1.0),
+            top_k=int(values["top_k"] or 0), top_p=float(1.0 if values["top_p"] is None else values["top_p"]),
+            repetition_penalty=float(1.0 if values["repetition_penalty"] is None else values["repetition_penalty"]),
+            eos=eos_ids, stop=stop,
         )  # fmt: skip
 
+    @staticmethod
+    def _stop_strings(stop, problems: list[str]) -> tuple[str, ...]:
+        if stop is None:
+            return ()
+        strings = (stop,) if isinstance(stop, str) else stop
+        if isinstance(strings, list | tuple | set | frozenset) and all(isinstance(s, str) and s for s in strings):
+            return tuple(strings)
+        problems.append(f"stop={stop!r} must be a non-empty string or a list of them")
+        return ()
+
+    def _eos_ids(self, eos, problems: list[str]) -> frozenset[int]:
+        if eos is None or eos is True:
+            return self.eos
+        if eos is False:
+            return frozenset()
+        ids = [eos] if _is_int(eos) else list(eos) if isinstance(eos, list | tuple | set | frozenset) else None
+        vocab = self.tokenizer.get_vocab_size()
+        if ids is None or not all(_is_int(t) and 0 <= t < vocab for t in ids):
+            problems.append(
+                f"eos={eos!r} must be None, True, False, a token id or a list of token ids (0 to {vocab - 1})"
+            )
+            return frozenset()
+        return frozenset(int(t) for t in ids)
+
     def stream(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> Iterator[Token]:
-        """Generate for each prompt, yielding a Token event per prompt per step as soon as it is chosen.
+        """Generate for each prompt, yielding a Token event per prompt per step as soon as it is chosen. Bad
+        arguments raise InputError here, before the first token.
 
         Settings (each None takes the checkpoint's generation_config.json default, as transformers does):
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
@@ -291,12 +349,19 @@ class Generator:
         end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
         `batch_size`, left-padded.
         """
+        return self._events(prompts, batch_size, seed, settings, "stream()")
+
+    def _events(self, prompts, batch_size, seed, settings: dict, call: str) -> Iterator[Token]:
+        """Check a call's arguments now, then return the iterator of its events."""
+        batch_size = check_batch_size(batch_size, call) or self.batch_size
         sampling = self.settings(**settings)
-        rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens)
+        rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
         rng = np.random.default_rng(seed)
-        batch_size = batch_size or self.batch_size
-        for start in range(0, len(rows), batch_size):
-            yield from self._stream_batch(rows[start : start + batch_size], start, sampling, rng)
+        return (
+            event
+            for start in range(0, len(rows), batch_size)
+            for event in self._stream_batch(rows[start : start + batch_size], start, sampling, rng)
+        )
 
     def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
         import onnxruntime as ort
@@ -336,7 +401,9 @@ class Generator:
                     reason = "length"
                 if reason:
                     live[row] = False
-                    text += texts[row].flush() if reason != "stop" else ""
+                if reason in ("eos", "length"):
+                    rest, stopped = texts[row].flush()  # a held-back tail can complete a stop string
+                    text, reason = text + rest, "stop" if stopped else reason
                 yield Token(offset + row, token, text, reason)
             if not any(live):
                 return
@@ -349,7 +416,7 @@ class Generator:
         pieces: dict[int, list[str]] = {}
         tokens: dict[int, list[int]] = {}
         reasons: dict[int, str] = {}
-        for event in self.stream(prompts, batch_size=batch_size, seed=seed, **settings):
+        for event in self._events(prompts, batch_size, seed, settings, "generate()"):
             pieces.setdefault(event.index, []).append(event.text)
             tokens.setdefault(event.index, []).append(event.token_id)
             if event.finish_reason:

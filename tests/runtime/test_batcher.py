@@ -1,3 +1,4 @@
+import sys
 import threading
 
 import numpy as np
@@ -75,3 +76,95 @@ def test_batcher_refuses_non_string_and_use_after_close(model):
     batcher.close()
     with pytest.raises(InputError, match="closed"):
         batcher.submit("late")
+
+
+def test_submit_answers_or_refuses_every_request_when_racing_close(model):
+    # Many rounds: a submit that passes the closed check just as close() runs is rare (a few % of rounds).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to hit the race
+    try:
+        for _ in range(200):
+            batcher = Batcher(model, max_batch_size=4, max_wait_ms=0, max_queue=8)
+            accepted, refused = [], []
+            start = threading.Barrier(7)
+
+            def client(batcher=batcher, accepted=accepted, refused=refused, start=start):
+                start.wait()
+                for _ in range(20):
+                    try:
+                        accepted.append(batcher.submit("race"))
+                    except OverloadedError:
+                        pass
+                    except InputError as err:
+                        refused.append(str(err))
+
+            clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+            for thread in clients:
+                thread.start()
+            start.wait()
+            closer = threading.Thread(target=batcher.close, daemon=True)
+            closer.start()
+            closer.join(10)
+            for thread in clients:
+                thread.join(10)
+            assert not closer.is_alive(), "close() deadlocked"
+            assert all("closed" in message for message in refused)
+            assert all(future.done() for future in accepted), "an accepted request was dropped"
+            assert all(future.result().shape == (32,) for future in accepted)
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_batcher_answers_each_request_alone_when_one_text_of_the_batch_is_bad(model):
+    good, bad = "The cat sat on the mat.", "bad \ud800"
+    batches = []
+
+    class Recording:
+        def run(self, texts):
+            batches.append(list(texts))
+            return model.run(texts)
+
+    with Batcher(Recording(), max_batch_size=2, max_wait_ms=2000) as batcher:
+        futures = [batcher.submit(good), batcher.submit(bad)]
+        assert futures[0].result(timeout=30).shape == (32,)
+        with pytest.raises(InputError, match="not valid Unicode text"):
+            futures[1].result(timeout=30)
+    assert batches[0] == [good, bad]  # they were one batch, then each ran alone
+    np.testing.assert_allclose(futures[0].result(), model.run([good])[0], atol=1e-5)
+
+
+def test_call_raises_timeout_error_after_the_batchers_default_timeout(model):
+    gate = threading.Event()
+
+    class Slow:
+        def run(self, texts):
+            gate.wait(10)
+            return model.run(texts)
+
+    batcher = Batcher(Slow(), max_batch_size=1, max_wait_ms=0, timeout=0.2)
+    try:
+        busy = batcher.submit("one")  # holds the worker until the gate opens
+        with pytest.raises(TimeoutError, match=r"no result within timeout=0\.2 s"):
+            batcher("two")
+    finally:
+        gate.set()
+        batcher.close()
+    assert busy.result().shape == (32,)
+    with Batcher(model) as default:
+        assert default.timeout == 30.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size=0 must be a positive int"),
+        ({"max_batch_size": 1.5}, "max_batch_size=1.5 must be a positive int"),
+        ({"max_batch_size": True}, "max_batch_size=True must be a positive int"),
+        ({"max_queue": -1}, "max_queue=-1 must be a positive int"),
+        ({"max_wait_ms": float("nan")}, "max_wait_ms=nan must be a finite number >= 0"),
+        ({"timeout": 0}, "timeout=0 must be a number of seconds > 0"),
+    ],
+)
+def test_batcher_raises_input_error_naming_the_setting_when_it_is_bad(model, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        Batcher(model, **kwargs)

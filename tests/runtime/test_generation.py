@@ -9,7 +9,7 @@ import transformers
 
 from pipeline.errors import InputError
 from pipeline.runtime import load
-from pipeline.runtime.generation import Generator, Sampling, Token, choose_tokens, position_ids
+from pipeline.runtime.generation import Generator, Sampling, Token, _Detokenizer, choose_tokens, position_ids
 
 from ..conftest import SMALL_TEXTS
 
@@ -197,9 +197,9 @@ def test_min_new_tokens_blocks_eos_in_choose_tokens():
     [
         ({"max_new_tokens": 0}, "max_new_tokens=0 must be an int from 1"),
         ({"max_new_tokens": 10_000}, "max_new_tokens=10000 must be an int from 1 to 255"),
-        ({"temperature": -1.0}, "temperature=-1.0 must be > 0 when sampling"),
-        ({"top_p": 1.5}, r"top_p=1.5 must be in \(0, 1\]"),
-        ({"top_k": -2}, "top_k=-2 must be >= 0"),
+        ({"temperature": -1.0}, "temperature=-1.0 must be a finite number >= 0"),
+        ({"top_p": 1.5}, r"top_p=1.5 must be a number in \(0, 1\]"),
+        ({"top_k": -2}, "top_k=-2 must be an int >= 0"),
         ({"stop": [""]}, "must be a non-empty string"),
         ({"min_new_tokens": -1}, "min_new_tokens=-1 must be an int >= 0"),
     ],
@@ -207,6 +207,55 @@ def test_min_new_tokens_blocks_eos_in_choose_tokens():
 def test_generate_refuses_bad_settings_naming_them(model, kwargs, message):
     with pytest.raises(InputError, match=message):
         model.generate(["hello"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": float("nan")}, "temperature=nan must be a finite number >= 0"),
+        ({"temperature": float("inf")}, "temperature=inf must be a finite number >= 0"),
+        ({"temperature": "0.7"}, "temperature='0.7' must be a finite number >= 0"),
+        ({"top_p": "0.9"}, r"top_p='0.9' must be a number in \(0, 1\]"),
+        ({"top_p": float("nan")}, r"top_p=nan must be a number in \(0, 1\]"),
+        ({"top_k": 2.5}, "top_k=2.5 must be an int >= 0"),
+        ({"top_k": True}, "top_k=True must be an int >= 0"),
+        ({"repetition_penalty": 0}, "repetition_penalty=0 must be a finite number > 0"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty=nan must be a finite number > 0"),
+        ({"eos": "x"}, "eos='x' must be None, True, False, a token id or a list of token ids"),
+        ({"eos": [0, "x"]}, r"eos=\[0, 'x'\] must be None, True, False, a token id or a list of token ids"),
+        ({"eos": -1}, "eos=-1 must be None, True, False, a token id or a list of token ids"),
+        ({"max_new_tokens": True}, "max_new_tokens=True must be an int from 1"),
+        ({"max_new_tokens": 4.0}, "max_new_tokens=4.0 must be an int from 1"),
+        ({"min_new_tokens": True}, "min_new_tokens=True must be an int >= 0"),
+        ({"do_sample": "yes"}, "do_sample='yes' must be True, False or None"),
+        ({"stop": 5}, "stop=5 must be a non-empty string or a list of them"),
+    ],
+)
+def test_generate_raises_input_error_naming_the_setting_when_it_is_loose(model, kwargs, message):
+    with pytest.raises(InputError, match=message) as caught:
+        model.generate(["hello"], max_new_tokens=kwargs.pop("max_new_tokens", 2), **kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_settings_accepts_numpy_numbers_and_token_id_lists(model):
+    sampling = model.settings(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(3), eos=[0, 1])
+    assert (sampling.do_sample, sampling.temperature, sampling.top_k, sampling.eos) == (True, 0.5, 3, {0, 1})
+    assert model.settings(temperature=0, repetition_penalty=1.2).do_sample is False
+    assert model.settings(eos=np.int64(5), stop="x").eos == {5}
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, 1.5, True, "8"])
+def test_generate_raises_input_error_when_batch_size_is_not_a_positive_int(model, batch_size):
+    with pytest.raises(InputError, match=r"generate\(\): batch_size=.* must be a positive int"):
+        model.generate(["hello", "world"], max_new_tokens=2, batch_size=batch_size)
+    with pytest.raises(InputError, match=r"stream\(\): batch_size=.* must be a positive int"):
+        model.stream(["hello", "world"], max_new_tokens=2, batch_size=batch_size)  # before the first token
+
+
+@pytest.mark.parametrize("batch_size", [-1, 0, 1.5, True, "8"])
+def test_run_raises_input_error_when_batch_size_is_not_a_positive_int(model, batch_size):
+    with pytest.raises(InputError, match=r"run\(\): batch_size=.* must be a positive int"):
+        model.run(["hello", "world"], batch_size=batch_size)
 
 
 def test_generate_refuses_bad_prompts(model):
@@ -228,6 +277,51 @@ def test_overlong_prompt_keeps_its_end_or_is_refused(model):
     strict.__dict__.update(model.__dict__, spec={**model.spec, "overlong": "refuse"})
     with pytest.raises(InputError, match=r"prompt 0 is \d+ tokens; with the new tokens asked for, 248 fit"):
         strict.generate([long_prompt], max_new_tokens=8)
+
+
+def test_run_keeps_the_prompt_end_when_prompt_is_overlong(model, published_gpt2):
+    manifest = json.loads((published_gpt2 / "manifest.json").read_text())
+    max_length = manifest["model"]["max_length"]
+    long_prompt = " ".join(SMALL_TEXTS * 8)
+    ids = model.tokenizer.encode(long_prompt).ids
+    assert len(ids) > max_length == model.max_length
+    logits = model.run([long_prompt])
+    assert logits.shape == (1, 512) and np.isfinite(logits).all()
+    end = model.session.run([model.output_names[0]], model._row_feeds([ids[-max_length:]]))[0][:, -1]
+    np.testing.assert_allclose(logits, end, atol=1e-5)
+    batched = model.run([long_prompt, "ok"], batch_size=2)  # padded together; dynamic int8 moves logits a little
+    assert batched.shape == (2, 512)
+    np.testing.assert_allclose(batched[0], logits[0], atol=2e-2)
+
+
+def test_run_raises_input_error_when_prompt_is_overlong_and_target_refuses(model):
+    strict = Generator.__new__(Generator)
+    strict.__dict__.update(model.__dict__, spec={**model.spec, "overlong": "refuse"})
+    with pytest.raises(InputError, match=r"run\(\) prompt 1 is \d+ tokens; over the model's 256; shorten it"):
+        strict.run(["ok", " ".join(SMALL_TEXTS * 8)])
+
+
+def test_detokenizer_flush_emits_the_replacement_character_when_a_row_ends_mid_character(model):
+    tokenizer = model.tokenizer
+    ids = tokenizer.encode("naïve 日本語").ids
+    cuts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts, "the byte-level BPE splits no character across tokens here"
+    for cut in cuts:
+        row = _Detokenizer(tokenizer, tokenizer.encode("Once upon a time").ids, ())
+        text = "".join(row.add(token)[0] for token in ids[:cut])
+        rest, stopped = row.flush()
+        assert text + rest == tokenizer.decode(ids[:cut]) and rest.endswith("\ufffd") and not stopped
+
+
+def test_generate_text_equals_decoded_token_ids_when_a_row_ends_mid_character(model):
+    prompts = ["Zürich is expensive, but the café was lovely.", "日本語のテキスト", "naïve café"]
+    cut = 0
+    for seed in range(6):
+        for completion in model.generate(prompts, max_new_tokens=3 + seed, temperature=1.5, seed=seed, eos=False):
+            decoded = model.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
+            assert completion.text == decoded
+            cut += decoded.endswith("\ufffd")
+    assert cut, "no row ended inside a character; pick other prompts or seeds"
 
 
 def test_run_scores_the_next_token(model, hf):
