@@ -1,11 +1,11 @@
-# make build [TARGET=cpu-avx2] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
+# make build [TARGET=native|cpu-avx2|cpu-avx512|cpu-amx|...] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
 # make test | make lint | make bench (builds first if needed)
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TARGET ?= cpu-avx2
+TARGET ?= native
 MODEL ?=
 NAME ?=
 CALIBRATION ?=
@@ -15,20 +15,23 @@ TINY ?= gpt2
 .PHONY: build test lint format bench bench-calibration tiny clean
 
 build: $(STAMP)
-	$(BIN)/python -m pipeline build --target $(TARGET) $(if $(MODEL),--model $(MODEL)) $(if $(NAME),--name $(NAME)) $(if $(CALIBRATION),--calibration $(CALIBRATION))
+	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
 
-# The artifact's name: NAME, else the checkpoint folder's name (as `pipeline build` derives it), else the default.
-ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename $(MODEL) | tr A-Z a-z),all-minilm-l6-v2))/latest/$(TARGET)
+# The artifact's name: NAME, else the checkpoint folder's name (as `pipeline build` derives it: lower case, each run of
+# other characters than a-z 0-9 . _ - made one "-"), else the default. Values with spaces are quoted where used.
+# `native` is the target of this host's CPU family, resolved as `pipeline build` resolves it.
+RESOLVED_TARGET = $(if $(filter native,$(TARGET)),$(shell $(BIN)/python -c "from pipeline.runtime.host import kernel_class; from pipeline.targets import native_target; print(native_target(kernel_class()))"),$(TARGET))
+ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr A-Z a-z | sed -E 's/[^a-z0-9._-]+/-/g; s/^[-.]+//; s/[-.]+$$//'),all-minilm-l6-v2))/latest/$(RESOLVED_TARGET)
 
 bench: build
-	$(BIN)/python -m pipeline bench $(ARTIFACT)
+	$(BIN)/python -m pipeline bench "$(ARTIFACT)"
 
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
-	$(BIN)/python -m pipeline bench $(ARTIFACT) --calibration-memory 1000,10000
+	$(BIN)/python -m pipeline bench "$(ARTIFACT)" --calibration-memory 1000,10000
 
 tiny: $(STAMP)
-	$(BIN)/python -m tests.tiny $(TINY) .cache/tiny-$(TINY)
+	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,8 +1,9 @@
 """The build: one explicit table of stages, run in order over a manifest.
 
-checkpoint -> export -> optimize -> quantize | fp16 (+ int8_qdq) -> validate -> tune | engine -> publish
+checkpoint -> export -> optimize -> search | quantize | fp16 (+ int8_qdq) -> validate -> tune | engine -> publish
 
-A stage the target does not ask for returns the manifest unchanged.
+A stage the target does not ask for returns the manifest unchanged: `search` runs for CPU targets with
+[[candidates]] (encoders), `quantize` for the others that quantize.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pipeline import faults
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
 from pipeline.errors import InputError, TargetError
 from pipeline.manifest import Manifest
-from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, tune, validate
+from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,6 +26,7 @@ STAGES = (
     ("checkpoint", checkpoint.run),
     ("export", export.run),
     ("optimize", optimize.run),
+    ("search", search.run),
     ("quantize", quantize.run),
     ("fp16", precision.run),
     ("int8_qdq", quantize.run_int8_qdq),
@@ -33,6 +35,23 @@ STAGES = (
     ("engine", engine.run),
     ("publish", publish.run),
 )
+
+
+def _check_candidates(spec) -> None:
+    """A target none of whose candidates this host can build is a one-line error naming the flags and the target
+    that fits the host."""
+    from pipeline.runtime.host import cpu_flags, kernel_class
+    from pipeline.targets import NATIVE
+
+    flags = cpu_flags() or frozenset()
+    missing = [sorted(set(c.required_cpu_flags) - flags) for c in spec.candidates]
+    if spec.candidates and all(missing):
+        needed = sorted({f for m in missing for f in m})
+        fits = NATIVE.get(kernel_class(flags), "cpu-fp32")
+        raise TargetError(
+            f"target {spec.name}: every candidate needs CPU flags this build host lacks ({', '.join(needed)}); "
+            f"build on a host that has them, or build {fits}, the target of this host"
+        )
 
 
 def model_name_for(source: Path) -> str:
@@ -65,6 +84,7 @@ def build(
         raise TargetError(f'target {spec.name}: engine tensorrt needs device = "gpu"')
     if not spec.supported:
         raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
+    _check_candidates(spec)
     if model is None:
         source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME
     else:

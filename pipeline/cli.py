@@ -31,6 +31,20 @@ def verdict_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def candidate_table(search: dict) -> str:
+    """The engine search's candidates: accuracy on the development split, latency per shape, and the choice."""
+    rows = search["candidates"]
+    shapes = next((list(r["latency_ms"]) for r in rows if r.get("latency_ms")), [])
+    head = f"    {'candidate':<20} {'status':<8} {'cos min':>8} " + " ".join(f"{s + ' ms':>12}" for s in shapes)
+    lines = [head]
+    for row in rows:
+        cos = f"{row['cosine_min']:.4f}" if "cosine_min" in row else "-"
+        times = " ".join(f"{(row.get('latency_ms') or {}).get(s, float('nan')):>12.2f}" for s in shapes)
+        mark = "  <- chosen" if row.get("chosen") else f"  ({row['reason']})" if row.get("reason") else ""
+        lines.append(f"    {row['name']:<20} {row['status']:<8} {cos:>8} {times}{mark}")
+    return "\n".join(lines)
+
+
 def _scores(metrics: dict) -> str:
     """A validation's scores as compact JSON, to 4 decimals."""
     return json.dumps({k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
@@ -47,7 +61,10 @@ def main() -> None:
     "--model", "model", default=None, help="local Hugging Face checkpoint folder (default: packaged all-MiniLM-L6-v2)"
 )
 @click.option(
-    "--target", default="cpu-avx2", show_default=True, help="target name (see `pipeline targets`) or .toml path"
+    "--target",
+    default="native",
+    show_default=True,
+    help="target name (see `pipeline targets`), .toml path, or native: the target of this host's CPU",
 )
 @click.option("--name", default=None, help="artifact name (default: the checkpoint folder's name)")
 @click.option("--task", default=None, help="feature-extraction, sequence-classification or token-classification")
@@ -58,6 +75,7 @@ def main() -> None:
 def build(model, target, name, task, artifacts_dir, cache_dir, validation, calibration) -> None:
     """Build, validate and publish MODEL for TARGET."""
     from pipeline.build import build as run_build
+    from pipeline.targets import load_target
 
     options = {
         "artifacts_dir": artifacts_dir,
@@ -66,15 +84,33 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
         "calibration": calibration,
     }
 
+    from pipeline.runtime.host import kernel_class
+
+    if target == "native":
+        from pipeline.targets import native_target
+
+        click.echo(
+            f"native: this host's kernel class is {kernel_class()}, so the target is {native_target(kernel_class())}"
+        )
+
     def show(record) -> None:
         state = "reused" if record.reused else "built"
         if record.metrics.get("status") == "pending":
             state = "pending"
         click.echo(f"  {record.name:<11} {state:<7} {record.seconds:8.2f}s")
+        if record.name == "search":
+            click.echo(candidate_table(record.metrics))
 
     manifest = run_build(model, target, name, task, on_stage=show, **{k: v for k, v in options.items() if v})
     published = manifest.published
     reused = [r.name for r in manifest.stages if r.reused]
+    spec = load_target(target)
+    if spec.kernel_class not in ("any", kernel_class()):
+        click.echo(
+            f"note: {spec.name} is for {spec.kernel_class} CPUs but this host is {kernel_class()}: accuracy and "
+            "timings were measured on other kernels (the manifest says so); re-validate on a "
+            f"{spec.kernel_class} host with `pipeline validate ARTIFACT`"
+        )
     if published["reused"]:
         click.echo(f"unchanged: {published['path']} already holds this build ({published['version']})")
     else:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 
-MODEL_GRAPH = "model.onnx"  # the graph an artifact runs
+MODEL_GRAPH = "model.onnx"  # the graph an artifact runs on ONNX Runtime or TensorRT
+OPENVINO_GRAPH = "model.xml"  # the graph of an OpenVINO artifact, with its weights in model.bin
+GRAPHS = (MODEL_GRAPH, OPENVINO_GRAPH)
 INT8_GRAPH = "model.int8.onnx"  # a TensorRT target's int8 Q/DQ graph, published beside its fp16 model.onnx
 
 
@@ -73,16 +75,26 @@ class Manifest:
         return dataclasses.replace(self, stages=self.stages + (record,))
 
     def last_model(self) -> StageRecord:
-        """The latest stage that produced a model.onnx: the graph later stages work on."""
+        """The latest stage that produced a graph (model.onnx, or OpenVINO's model.xml): the one later stages
+        work on and publish."""
         for record in reversed(self.stages):
-            if MODEL_GRAPH in record.outputs:
+            if any(name in record.outputs for name in GRAPHS):
                 return record
         raise PipelineError("no stage has produced a model.onnx yet")
 
+    def chosen(self) -> dict:
+        """How the published graph runs: its file name, backend, precision and session settings (the search's
+        choice where one ran, else ONNX Runtime)."""
+        record = self.last_model()
+        if record.name == "search":
+            return {k: record.metrics[k] for k in ("graph", "backend", "precision", "session")}
+        return {"graph": MODEL_GRAPH, "backend": "onnxruntime", "precision": None, "session": {}}
+
     def graph_records(self) -> dict[str, StageRecord]:
-        """The stage that made each graph this build publishes, by file name: model.onnx, and model.int8.onnx
-        where one was made."""
-        records = {MODEL_GRAPH: self.last_model()}
+        """The stage that made each graph file this build publishes, by file name: model.onnx (or model.xml and
+        model.bin), and model.int8.onnx where one was made."""
+        last = self.last_model()
+        records = {name: last for name in (*GRAPHS, "model.bin") if name in last.outputs}
         for record in self.stages:
             if INT8_GRAPH in record.outputs:
                 records[INT8_GRAPH] = record
@@ -108,18 +120,23 @@ def session_of(target) -> dict:
     }
 
 
-def candidate_model(manifest: Manifest, target, graph_path=None, backend: str = "onnxruntime", session=None):
-    """The runtime object (Model or Generator) over the latest graph of this build (or `graph_path`) and the
-    exported tokenizer, run the way the published artifact will be."""
+def candidate_model(manifest: Manifest, target, graph_path=None, backend: str | None = None, session=None):
+    """The runtime object (Model or Generator) over the latest graph of this build (or `graph_path`, run on
+    `backend` with `session` settings added) and the exported tokenizer, run the way the published artifact will
+    be."""
     from pipeline.runtime.load import open_model
 
     export = manifest.stage("export")
+    if graph_path is None:
+        chosen = manifest.chosen()
+        graph_path = manifest.last_model().output(chosen["graph"])
+        backend, session = chosen["backend"], {**chosen["session"], **(session or {})}
     return open_model(
-        Path(graph_path or manifest.last_model().output(MODEL_GRAPH)),
+        Path(graph_path),
         export.output("tokenizer.json"),
         runtime_spec(manifest, target),
-        session=session or session_of(target),
-        backend=backend,
+        session={**session_of(target), **(session or {})},
+        backend=backend or "onnxruntime",
     )
 
 

@@ -35,12 +35,12 @@ def tiny_gpt2(tmp_path_factory) -> Path:
 
 
 def _publish(checkpoint: Path, texts_file: Path, calibration: Path, root: Path) -> Path:
-    """Build `checkpoint` for cpu-avx2 into `root`/artifacts (stage cache in `root`/cache), calibrated on other text
-    than it is validated on; the artifact's path."""
+    """Build `checkpoint` for cpu-avx2-dynamic into `root`/artifacts (stage cache in `root`/cache), calibrated on
+    other text than it is validated on; the artifact's path."""
     from pipeline.build import build
 
     manifest = build(
-        checkpoint, "cpu-avx2", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
+        checkpoint, "cpu-avx2-dynamic", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
         validation=texts_file, calibration=calibration,
     )  # fmt: skip
     return Path(manifest.published["path"])
@@ -48,7 +48,7 @@ def _publish(checkpoint: Path, texts_file: Path, calibration: Path, root: Path) 
 
 @pytest.fixture(scope="session")
 def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
-    """The tiny GPT-2 built for cpu-avx2 (dynamic int8), once per session. Copy it before changing it."""
+    """The tiny GPT-2 built for cpu-avx2-dynamic (dynamic int8), once per session. Copy it before changing it."""
     return _publish(tiny_gpt2, texts_file, texts_file, tmp_path_factory.mktemp("published-gpt2"))
 
 
@@ -90,17 +90,25 @@ def _toml_value(value) -> str:
     return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
 
 
-def write_target(folder: Path, name: str, base: str = "cpu-avx2", **overrides) -> Path:
+def write_target(folder: Path, name: str, base: str = "cpu-avx2-dynamic", **overrides) -> Path:
     """A copy of a shipped target under a new name; overrides are `section__key=value` (or `key=value`)."""
     table = tomllib.loads((REPO / "targets" / f"{base}.toml").read_text())
     table["name"] = name
     for dotted, value in overrides.items():
         section, _, key = dotted.rpartition("__")
         (table.setdefault(section, {}) if section else table)[key] = value
-    lines = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+
+    def is_tables(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(t, dict) for t in v)
+
+    lines = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict) and not is_tables(v)]
     for section, values in table.items():
         if isinstance(values, dict):
             lines += [f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    for section, values in table.items():
+        if is_tables(values):
+            for item in values:
+                lines += [f"[[{section}]]"] + [f"{k} = {_toml_value(v)}" for k, v in item.items()]
     path = folder / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

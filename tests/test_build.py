@@ -12,7 +12,7 @@ from .conftest import write_target
 from .tiny import make_checkpoint
 
 
-def _build(checkpoint, texts_file, dirs, target="cpu-avx2", **kwargs):
+def _build(checkpoint, texts_file, dirs, target="cpu-avx2-dynamic", **kwargs):
     return build(checkpoint, target, validation=texts_file, calibration=texts_file, **dirs, **kwargs)
 
 
@@ -20,7 +20,7 @@ def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
     manifest = _build(tiny_bert, texts_file, build_dirs)
     published = manifest.published
     assert published["version"] == "v1" and not published["reused"]
-    folder = build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2"
+    folder = build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2-dynamic"
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.onnx", "report.json", "tokenizer.json"]
     saved = json.loads((folder / "manifest.json").read_text())
     for key in ("files", "source", "target_spec", "stages", "packages", "host", "validation", "timings"):
@@ -29,7 +29,7 @@ def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
     assert set(saved["stages"]) == {"checkpoint", "export", "optimize", "quantize", "validate", "tune"}
     assert saved["validation"]["cosine_min"] >= 0.99
     assert all(p.stat().st_mode & 0o222 == 0 for p in folder.iterdir())  # published files are read-only
-    model = load(build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2")
+    model = load(build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2-dynamic")
     vectors = model.run(["hello world", "a second, longer sentence"])
     assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
 
@@ -44,13 +44,15 @@ def test_build_reuses_every_stage_and_version_when_nothing_changed(tiny_bert, te
 
 def test_build_adds_version_and_moves_latest_when_target_changes(tiny_bert, texts_file, build_dirs, tmp_path):
     first = _build(tiny_bert, texts_file, build_dirs)
-    target = write_target(tmp_path, "cpu-avx2", accuracy__cosine_mean=0.999)
+    target = write_target(tmp_path, "cpu-avx2-dynamic", accuracy__cosine_mean=0.999)
     second = _build(tiny_bert, texts_file, build_dirs, target=str(target))
     assert (first.published["version"], second.published["version"]) == ("v1", "v2")
     assert [r.name for r in second.stages if r.reused] == ["export", "optimize"]
-    latest = build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2"
-    assert os.readlink(latest) == "../v2/cpu-avx2"
-    assert json.loads((build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2" / "manifest.json").read_text())
+    latest = build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2-dynamic"
+    assert os.readlink(latest) == "../v2/cpu-avx2-dynamic"
+    assert json.loads(
+        (build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2-dynamic" / "manifest.json").read_text()
+    )
 
 
 def test_build_publishes_nothing_when_validation_misses(tiny_bert, texts_file, build_dirs, tmp_path):
@@ -101,7 +103,7 @@ def test_build_pair_classifier_validates_on_text_pairs(texts_file, build_dirs, t
         )
     ]
     pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    manifest = build(checkpoint, "cpu-avx2", validation=pairs, calibration=pairs, **build_dirs)
+    manifest = build(checkpoint, "cpu-avx2-dynamic", validation=pairs, calibration=pairs, **build_dirs)
     assert manifest.stage("validate").metrics["top1_agreement"] >= 0.98
     out = load(manifest.published["path"]).run([("is it raining?", "yes, heavily"), "single text"])
     assert out.shape == (2, 3)

@@ -84,17 +84,17 @@ def _rebuilt(manifest):
 def test_runtime_only_settings_do_not_re_export(tiny_bert, texts_file, calibration_file, tmp_path):
     dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
     data = {"validation": texts_file, "calibration": calibration_file}
-    build(tiny_bert, "cpu-avx2", **dirs, **data)
-    overlong = write_target(tmp_path, "cpu-avx2", shapes__overlong="refuse")
+    build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
+    overlong = write_target(tmp_path, "cpu-avx2-dynamic", shapes__overlong="refuse")
     again = build(tiny_bert, str(overlong), **dirs, **data)
     assert "export" not in _rebuilt(again) and "quantize" not in _rebuilt(again)
     assert (
-        json.loads((tmp_path / "a" / "tiny-bert" / "v2" / "cpu-avx2" / "manifest.json").read_text())["model"][
+        json.loads((tmp_path / "a" / "tiny-bert" / "v2" / "cpu-avx2-dynamic" / "manifest.json").read_text())["model"][
             "overlong"
         ]
         == "refuse"
     )
-    threads = write_target(tmp_path, "cpu-avx2", runtime__intra_op_threads=1)
+    threads = write_target(tmp_path, "cpu-avx2-dynamic", runtime__intra_op_threads=1)
     third = build(tiny_bert, str(threads), **dirs, **data)
     assert "validate" in _rebuilt(third) and "export" not in _rebuilt(third)
 
@@ -104,13 +104,13 @@ def test_another_kernel_class_revalidates_and_a_new_tune_keeps_the_version(
 ):
     dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
     data = {"validation": texts_file, "calibration": calibration_file}
-    first = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    first = build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
     monkeypatch.setattr(cache, "usable_cores", lambda: 64)  # another machine: tune again
-    retuned = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    retuned = build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
     assert _rebuilt(retuned) == ["tune"]
     assert retuned.published["reused"] and retuned.published["version"] == first.published["version"]
     monkeypatch.setattr(cache, "kernel_class", lambda: "amx")  # other int8 kernels: measure again
-    other = build(tiny_bert, "cpu-avx2", **dirs, **data)
+    other = build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
     assert {"quantize", "validate"} <= set(_rebuilt(other)) and "export" not in _rebuilt(other)
 
 

@@ -15,7 +15,17 @@ def test_cli_targets_lists_every_target():
     out = _cli("targets")
     assert out.returncode == 0
     names = [line.split()[0] for line in out.stdout.splitlines()]
-    assert names == ["a100", "cpu-avx2", "cpu-avx2-static", "cpu-avx512", "cpu-fp32", "h100", "l4"]
+    assert names == [
+        "a100",
+        "cpu-amx",
+        "cpu-avx2",
+        "cpu-avx2-dynamic",
+        "cpu-avx2-static",
+        "cpu-avx512",
+        "cpu-fp32",
+        "h100",
+        "l4",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -56,14 +66,15 @@ def test_cli_build_bad_data_file_publishes_nothing(option, content, message, tin
 
 
 def test_cli_build_then_inspect(tiny_bert, texts_file, tmp_path):
-    common = ["--model", str(tiny_bert), "--validation", str(texts_file), "--calibration", str(texts_file),
+    common = ["--model", str(tiny_bert), "--target", "cpu-avx2-dynamic", "--validation", str(texts_file),
+              "--calibration", str(texts_file),
               "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
     first = _cli("build", *common)
     assert first.returncode == 0, first.stderr
-    assert "published" in first.stdout and "v1/cpu-avx2" in first.stdout
+    assert "published" in first.stdout and "v1/cpu-avx2-dynamic" in first.stdout
     second = _cli("build", *common)
     assert "unchanged" in second.stdout and "reused stages: export, optimize, quantize, validate, tune" in second.stdout
-    shown = _cli("inspect", str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2"))
+    shown = _cli("inspect", str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2-dynamic"))
     assert shown.returncode == 0
     assert json.loads(shown.stdout)["verified"] is True
 
@@ -88,4 +99,4 @@ def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, publi
     assert out.returncode == 1
     assert "is a feature-extraction artifact; generate needs a text-generation one" in out.stderr
     out = _cli("generate", str(published_gpt2), "hello", "--top-p", "2")
-    assert out.returncode == 3 and "top_p=2.0 must be in (0, 1]" in out.stderr
+    assert out.returncode == 3 and "top_p=2.0 must be a number in (0, 1]" in out.stderr

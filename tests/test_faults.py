@@ -17,7 +17,7 @@ POINTS = [
 ] + ["after-checkpoint", "publish-staged", "publish-renamed"]
 
 
-def _build_args(checkpoint, texts, artifacts, cache, target="cpu-avx2"):
+def _build_args(checkpoint, texts, artifacts, cache, target="cpu-avx2-dynamic"):
     return [sys.executable, "-m", "pipeline", "build", "--model", str(checkpoint), "--target", str(target),
             "--validation", str(texts), "--calibration", str(texts),
             "--artifacts-dir", str(artifacts), "--cache-dir", str(cache)]  # fmt: skip
@@ -30,7 +30,7 @@ def _env(fault=None):
     return env
 
 
-def _cli_build(dirs, checkpoint, texts, target="cpu-avx2", fault=None):
+def _cli_build(dirs, checkpoint, texts, target="cpu-avx2-dynamic", fault=None):
     args = _build_args(checkpoint, texts, dirs / "artifacts", dirs / "cache", target)
     return subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=_env(fault))
 
@@ -41,7 +41,7 @@ def _published_intact(model_root):
     for version in versions:
         for folder in (model_root / version).iterdir():
             verify_artifact(folder)
-    latest = model_root / "latest" / "cpu-avx2"
+    latest = model_root / "latest" / "cpu-avx2-dynamic"
     load(latest)
     return versions, os.readlink(latest)
 
@@ -51,7 +51,7 @@ def base(tiny_bert, texts_file, tmp_path_factory):
     """Artifacts with v1 published and a warm cache, and a target whose build will make v2."""
     root = tmp_path_factory.mktemp("faults-base")
     assert _cli_build(root, tiny_bert, texts_file).returncode == 0
-    changed = write_target(root, "cpu-avx2", accuracy__cosine_mean=0.9991)
+    changed = write_target(root, "cpu-avx2-dynamic", accuracy__cosine_mean=0.9991)
     return root, changed
 
 
@@ -71,13 +71,13 @@ def test_build_killed_at_fault_point_loses_nothing(fault, base, tiny_bert, texts
     assert killed.returncode == -9, killed.stderr
     versions, latest = _published_intact(model_root)
     if fault == "publish-renamed":
-        assert versions == ["v1", "v2"] and latest == "../v1/cpu-avx2"  # complete, not yet latest
+        assert versions == ["v1", "v2"] and latest == "../v1/cpu-avx2-dynamic"  # complete, not yet latest
     else:
-        assert versions == ["v1"] and latest == "../v1/cpu-avx2"
+        assert versions == ["v1"] and latest == "../v1/cpu-avx2-dynamic"
     again = _cli_build(tmp_path, tiny_bert, texts_file, changed)
     assert again.returncode == 0, again.stderr
-    assert "v2/cpu-avx2" in again.stdout
-    assert _published_intact(model_root) == (["v1", "v2"], "../v2/cpu-avx2")
+    assert "v2/cpu-avx2-dynamic" in again.stdout
+    assert _published_intact(model_root) == (["v1", "v2"], "../v2/cpu-avx2-dynamic")
     assert not list(model_root.glob(".staging-*"))
     if fault in ("after-quantize", "cache-validate", "after-validate", "publish-staged"):
         assert "quantize    reused" in again.stdout  # work finished before the kill is kept
@@ -135,5 +135,7 @@ def test_build_refuses_truncated_cache_entry_and_rebuilds(base, tiny_bert, texts
     out = _cli_build(tmp_path, tiny_bert, texts_file)
     assert out.returncode == 0, out.stderr
     assert "quantize    built" in out.stdout and "unchanged" in out.stdout
-    manifest = json.loads((tmp_path / "artifacts" / "tiny-bert" / "v1" / "cpu-avx2" / "manifest.json").read_text())
+    manifest = json.loads(
+        (tmp_path / "artifacts" / "tiny-bert" / "v1" / "cpu-avx2-dynamic" / "manifest.json").read_text()
+    )
     assert manifest["version"] == "v1"

@@ -29,7 +29,7 @@ SEQ_LENS = (16, 128, 512)
 PYTORCH = "pytorch-eager"
 
 
-def _token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
+def token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
     """`batch` rows of exactly `length` real tokens, cut from the concatenated validation text."""
     stream = [i for e in model.tokenizer.encode_batch(texts, add_special_tokens=False) for i in e.ids]
     if len(stream) < batch * length:
@@ -151,7 +151,7 @@ def bench(
     grid = []
     for length in lengths:
         for batch in batch_sizes:
-            feeds = _token_rows(shipped, texts, batch, length)
+            feeds = token_rows(shipped, texts, batch, length)
             times = time_alternating(runners, feeds, budget_s, min_reps, max_reps)
             base = statistics.median(times[PYTORCH]) if PYTORCH in times else None
             for name, values in times.items():

@@ -31,6 +31,8 @@ _MANIFEST_FIELDS = {
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "text-generation")
 _DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
 _MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
+
+
 # Optional settings the loader reads, with the check each must pass: (field, key) -> (test, what it must be).
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0

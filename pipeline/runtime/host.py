@@ -74,7 +74,8 @@ def check_host(manifest: dict, strict: bool) -> None:
     required = set(manifest["target_spec"].get("required_cpu_flags", ()))
     flags = cpu_flags()
     built_on = set(manifest["host"].get("cpu_flags") or ())
-    if manifest["target_spec"].get("precision") in ("int8", "bf16") and flags is not None and built_on:
+    precision = manifest.get("precision") or manifest["target_spec"].get("precision")
+    if precision in ("int8", "bf16") and flags is not None and built_on:
         differ = sorted(f for f in INT8_KERNEL_FLAGS + ("amx_bf16", "avx512_bf16") if (f in flags) != (f in built_on))
         if differ:
             warnings.warn(

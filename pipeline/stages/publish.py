@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline import faults
 from pipeline.cache import package_versions
 from pipeline.errors import ArtifactError
-from pipeline.manifest import MODEL_GRAPH, Manifest, runtime_spec
+from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
 from pipeline.runtime.host import cpu_flags, cpu_model, kernel_class, usable_cores
 from pipeline.stages import engine
@@ -90,14 +90,32 @@ def _point_latest(model_root: Path, version: str, target: str) -> None:
 def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     """What defines an artifact's identity: its files, how to run them, and how they were made. Not the build
     host's tuned session or timings: identical files built on another host are the same version."""
+    chosen = manifest.chosen()
     return {
         "files": {k: v for k, v in files.items() if k != "report.json"},
-        "graph": MODEL_GRAPH,
-        "backend": target.engine,
+        "graph": chosen["graph"],
+        "backend": "tensorrt" if target.engine == "tensorrt" else chosen["backend"],
+        "precision": chosen["precision"] or target.precision,
         "model": runtime_spec(manifest, target),
         "engine": next((r.metrics for r in manifest.stages if r.name == "engine"), None),
         "target_spec": target.to_dict(),
         "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages if r.name not in HOST_STAGES},
+    }
+
+
+def _candidates(manifest: Manifest) -> list | None:
+    """The engine search's table (each candidate's accuracy on the development split, latency, choice)."""
+    record = next((r for r in manifest.stages if r.name == "search"), None)
+    return record.metrics["candidates"] if record else None
+
+
+def measured_on(target: Target) -> dict:
+    """The kernel class the build host measured accuracy and speed on, against the one the target is for."""
+    host = kernel_class()
+    return {
+        "kernel_class": host,
+        "target_kernel_class": target.kernel_class,
+        "matches": target.kernel_class in ("any", host),
     }
 
 
@@ -141,7 +159,10 @@ def _write_staging(
         "graph": content["graph"],
         "backend": content["backend"],
         "model": content["model"],
-        "session": {**dataclasses.asdict(target.runtime), **_tuned(manifest)},
+        "precision": content["precision"],
+        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen()["session"], **_tuned(manifest)},
+        "candidates": _candidates(manifest),
+        "measured_on": measured_on(target),
         "engine": content["engine"],
         "target_spec": content["target_spec"],
         "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},

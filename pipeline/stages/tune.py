@@ -90,7 +90,7 @@ def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
 
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Time the target's session candidates on this host and record the fastest (CPU targets only)."""
-    if target.device != "cpu":
+    if target.device != "cpu" or manifest.chosen()["backend"] != "onnxruntime":
         return manifest
     texts = read_texts(manifest.validation_path, "validation")
     decoder = manifest.checkpoint.task == "text-generation"

@@ -70,7 +70,9 @@ def test_load_refuses_edited_manifest(artifact_copy):
 
 def test_load_refuses_manifest_from_another_version(artifact_copy):
     _edit_manifest(artifact_copy, lambda m: m.update(version="v7"))
-    with pytest.raises(ArtifactError, match=r"belongs to tiny-bert/v7/cpu-avx2, but sits in tiny-bert/v1/cpu-avx2"):
+    with pytest.raises(
+        ArtifactError, match=r"belongs to tiny-bert/v7/cpu-avx2-dynamic, but sits in tiny-bert/v1/cpu-avx2-dynamic"
+    ):
         load(artifact_copy)
 
 
@@ -151,7 +153,7 @@ def test_model_run_refuses_overlong_when_target_says(artifact_copy):
 
 def test_verify_artifact_returns_manifest(published):
     manifest = verify_artifact(published)
-    assert manifest["target"] == "cpu-avx2" and manifest["version"] == "v1"
+    assert manifest["target"] == "cpu-avx2-dynamic" and manifest["version"] == "v1"
 
 
 def test_model_batches_buckets_by_length(published):

@@ -1,0 +1,244 @@
+"""Stage: the engine and precision search, for CPU targets that list [[candidates]] (encoders).
+
+Which engine and precision wins is measured, not assumed. Each candidate the target lists is built, scored against
+PyTorch on the development split of the calibration text, and timed on the build host, alternating candidates
+run by run, at the target's shapes:
+
+    batch_1    one row of 128 tokens          batch_32   32 rows of 128 tokens
+    mixed_32   32 texts of mixed length, end to end (tokenization and length bucketing included)
+
+The fastest candidate that passes the target's [accuracy] is chosen; validation then holds it to the same
+thresholds on held-out text. A candidate that misses, or that the build host cannot run (bf16 without the
+flags), is a row in the table, not an error; the build fails only when none passes, naming the closest.
+
+    ort-fp32          the optimized fp32 graph                       ONNX Runtime
+    ort-int8-*        ONNX Runtime int8 with the sensitivity fallback (pipeline.stages.quantize)
+    openvino-fp32/bf16  the plain export compiled by OpenVINO at that inference precision
+    openvino-int8     NNCF post-training int8 of the plain export, the rest at OpenVINO's default precision
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from pipeline.cache import StageSpec, run_cached
+from pipeline.data import texts_digest
+from pipeline.errors import AccuracyError, PipelineError
+from pipeline.manifest import Manifest, candidate_model
+from pipeline.metrics import closeness, compare, failures
+from pipeline.quiet import silenced
+from pipeline.reference import pytorch_outputs
+from pipeline.runtime.host import cpu_flags, kernel_class
+from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
+from pipeline.targets import Candidate, Target
+from pipeline.tasks import TASKS
+
+VERSION = 2
+SEQUENCE = 128
+OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """The candidates, the int8 settings they use, the gate, the shapes they are timed at, the calibration text."""
+
+    candidates: tuple
+    quantize: dict
+    accuracy: dict
+    batch_size: int
+    sequence: int
+    calibration: str
+
+
+# The choice is a timing on this machine: its cores and flags are part of the key.
+STAGE = StageSpec(
+    "search", VERSION, SearchConfig,
+    ("onnxruntime", "onnx", "openvino", "nncf", "numpy", "tokenizers", "torch", "transformers",
+     "sentence-transformers"), host="machine", runtime_code=True,
+)  # fmt: skip
+
+
+def applies(manifest: Manifest, target: Target) -> bool:
+    """Whether the search runs: a CPU target with candidates, for an encoder (decoders use the quantize stage)."""
+    return bool(target.candidates) and manifest.checkpoint.task != "text-generation"
+
+
+def _openvino_graph(onnx_path: Path, out: Path, candidate: Candidate, calibration_feeds: list) -> dict:
+    """The plain export as OpenVINO IR in `out` (model.xml, model.bin), NNCF-quantized for int8; the session
+    settings it runs with."""
+    import openvino as ov
+
+    model = ov.convert_model(str(onnx_path))
+    if candidate.quantize == "nncf":
+        import logging
+
+        import nncf
+
+        nncf.set_log_level(logging.ERROR)
+        dataset = nncf.Dataset(calibration_feeds)
+        with silenced("nncf"), contextlib.redirect_stdout(io.StringIO()):  # its progress bars
+            model = nncf.quantize(
+                model, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(calibration_feeds)
+            )
+    ov.save_model(model, str(out / "model.xml"), compress_to_fp16=False)
+    return {"inference_precision": OV_PRECISION[candidate.precision]} if candidate.precision in OV_PRECISION else {}
+
+
+def _build(manifest, target, candidate: Candidate, work: Path, calibration: list, development: list) -> dict:
+    """Build one candidate in `work`; returns {"graph": path, "backend", "session", "fallback"}."""
+    work.mkdir(parents=True)
+    fp32 = manifest.stage("optimize").output("model.onnx")
+    if candidate.engine == "openvino":
+        probe = candidate_model(manifest, target, fp32)
+        feeds = [probe.feeds(probe.encode([text])) for text in calibration]
+        session = _openvino_graph(manifest.stage("export").output("model.onnx"), work, candidate, feeds)
+        return {"graph": work / "model.xml", "backend": "openvino", "session": session, "fallback": None}
+    if candidate.precision == "fp32":
+        shutil.copyfile(fp32, work / "model.onnx")
+        return {"graph": work / "model.onnx", "backend": "onnxruntime", "session": {}, "fallback": None}
+    settings = dataclasses.replace(target.quantize, mode=candidate.quantize)
+    metrics = int8_with_fallback(manifest, target, settings, calibration, fp32, work, development, strict=False)
+    fallback = {k: metrics[k] for k in ("quantized_nodes", "fp32_nodes", "smoothed_nodes", "met_headroom")}
+    return {"graph": work / "model.onnx", "backend": "onnxruntime", "session": {}, "fallback": fallback}
+
+
+def _workloads(model, texts: list, batch: int) -> dict:
+    """The feeds of each timed shape: rows of SEQUENCE tokens at batch 1 and `batch`, and a mixed-length batch."""
+    from pipeline.bench.encoder import token_rows
+
+    length = min(SEQUENCE, model.max_length)
+    by_length = sorted(texts, key=len)
+    mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
+    return {"batch_1": token_rows(model, texts, 1, length), f"batch_{batch}": token_rows(model, texts, batch, length),
+            f"mixed_{batch}": mixed}  # fmt: skip
+
+
+def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
+    """Median ms of each model at each workload, alternating models run by run after a warm-up each."""
+    first = next(iter(models.values()))
+    workloads = _workloads(first, texts, batch)
+    timings = {name: {} for name in models}
+    for shape, work in workloads.items():
+
+        def once(model, work=work):
+            if isinstance(work, list):
+                return model.run(work, batch_size=batch)
+            return model.session.run([model.output_name], {k: work[k] for k in model.input_names})
+
+        runs = {name: [] for name in models}
+        for model in models.values():
+            once(model)
+        for _ in range(reps):
+            for name, model in models.items():
+                started = time.perf_counter()
+                once(model)
+                runs[name].append((time.perf_counter() - started) * 1000)
+        for name in models:
+            timings[name][shape] = round(statistics.median(runs[name]), 3)
+    return timings
+
+
+def _score(rows: list[dict]) -> None:
+    """Each timed row's score: its latency relative to the fastest timed candidate, averaged over the shapes."""
+    timed = [r for r in rows if r.get("latency_ms")]
+    for row in timed:
+        shapes = row["latency_ms"]
+        row["score"] = round(sum(shapes[s] / min(r["latency_ms"][s] for r in timed) for s in shapes) / len(shapes), 3)
+
+
+def choose(rows: list[dict]) -> dict | None:
+    """Score the timed rows and mark the fastest that passed as chosen; returns it (None when none passed)."""
+    _score(rows)
+    passing = [r for r in rows if r["status"] == "passed"]
+    winner = min(passing, key=lambda r: r["score"]) if passing else None
+    for row in rows:
+        row["chosen"] = row is winner
+    return winner
+
+
+def _row(candidate: Candidate, status: str, **values) -> dict:
+    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
+            "quantize": candidate.quantize, "status": status, **values}  # fmt: skip
+
+
+def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> AccuracyError:
+    scored = [r for r in rows if "closeness" in r]
+    if not scored:
+        reasons = "; ".join(f"{r['name']}: {r.get('reason', r['status'])}" for r in rows)
+        return AccuracyError(f"no candidate of target {target.name} could be built on this host ({reasons})")
+    best = max(scored, key=lambda r: r["closeness"])
+    return AccuracyError(
+        f"no candidate of target {target.name} passes its thresholds on the development split of the calibration "
+        f"text for {manifest.model_name}; the closest was {best['name']}: {'; '.join(best['missed'])}. Nothing was "
+        "published. Try a wider fallback (quantize.max_fp32_nodes), an fp32 candidate, or other thresholds."
+    )
+
+
+def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
+    """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
+    metric = TASKS[manifest.checkpoint.task].metric
+    calibration, development = development_split(texts)
+    reference = pytorch_outputs(manifest.checkpoint, development)
+    flags = cpu_flags() or frozenset()
+    rows, built = [], {}
+    for candidate in target.candidates:
+        missing = sorted(set(candidate.required_cpu_flags) - flags)
+        if missing:
+            rows.append(_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
+            continue
+        started = time.perf_counter()
+        try:
+            made = _build(manifest, target, candidate, out / "work" / candidate.name, calibration, development)
+            model = candidate_model(manifest, target, made["graph"], made["backend"], made["session"] or None)
+            stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
+        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
+            rows.append(_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
+            continue
+        missed = failures(stats, target.accuracy)
+        seconds = round(time.perf_counter() - started, 2)
+        row = _row(candidate, "passed" if not missed else "missed", missed=missed, build_seconds=seconds,
+                   closeness=closeness(stats, target.accuracy), fallback=made["fallback"], **stats)  # fmt: skip
+        rows.append(row)
+        built[candidate.name] = (made, model)
+    timings = _time({name: model for name, (_, model) in built.items()}, development + calibration,
+                    target.shapes.batch_size)  # fmt: skip
+    for row in rows:
+        row["latency_ms"] = timings.get(row["name"])
+    winner = choose(rows)
+    if winner is None:
+        raise _no_winner(manifest, target, rows)
+    made = built[winner["name"]][0]
+    for file in made["graph"].parent.iterdir():
+        if file.suffix in (".onnx", ".xml", ".bin"):
+            shutil.copyfile(file, out / file.name)
+    shutil.rmtree(out / "work")
+    return {
+        "chosen": winner["name"], "backend": made["backend"], "precision": winner["precision"],
+        "graph": made["graph"].name, "session": made["session"], "candidates": rows,
+        "calibration_examples": len(calibration), "development_examples": len(development),
+        "kernel_class": kernel_class(flags),
+    }  # fmt: skip
+
+
+def run(manifest: Manifest, target: Target) -> Manifest:
+    """Search the target's candidates and record the chosen one (CPU targets with [[candidates]], encoders)."""
+    if not applies(manifest, target):
+        return manifest
+    texts = calibration_texts(manifest, target, target.quantize)
+    config = SearchConfig(
+        candidates=tuple(dataclasses.asdict(c) for c in target.candidates),
+        quantize=dataclasses.asdict(target.quantize),
+        accuracy=target.to_dict()["accuracy"],
+        batch_size=target.shapes.batch_size,
+        sequence=SEQUENCE,
+        calibration=texts_digest(texts),
+    )
+    inputs = {"export": manifest.stage("export").key, "optimize": manifest.stage("optimize").key}
+    record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, out))
+    return manifest.with_stage(record)

@@ -1,0 +1,113 @@
+"""The engine and precision search: a table of candidates, the fastest that passes, an honest all-fail, OpenVINO
+artifacts that load and match PyTorch, and the host's kernel class on record."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline.build import build
+from pipeline.errors import AccuracyError, ArtifactError, TargetError
+from pipeline.reference import checkpoint_from_source, pytorch_outputs
+from pipeline.runtime import load
+from pipeline.runtime.host import cpu_flags, kernel_class
+from pipeline.stages.search import choose
+from pipeline.targets import NATIVE, load_target, native_target
+
+from ..conftest import REPO, SMALL_TEXTS, write_target
+
+OPENVINO_FP32 = [{"name": "openvino-fp32", "engine": "openvino", "precision": "fp32"}]
+
+
+def _build(checkpoint, target, texts_file, calibration_file, tmp_path):
+    return build(checkpoint, str(target), validation=texts_file, calibration=calibration_file,
+                 artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def searched(tiny_bert, texts_file, calibration_file, tmp_path_factory):
+    """The tiny BERT built for cpu-avx2: every candidate of the target searched."""
+    return _build(tiny_bert, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
+
+
+def test_search_reports_every_candidate_and_chooses_the_fastest_that_passed(searched):
+    metrics = searched.stage("search").metrics
+    rows = metrics["candidates"]
+    assert [r["name"] for r in rows] == [c.name for c in load_target("cpu-avx2").candidates]
+    timed = [r for r in rows if r["status"] in ("passed", "missed")]
+    assert timed and all(set(r["latency_ms"]) == {"batch_1", "batch_32", "mixed_32"} for r in timed)
+    [chosen] = [r for r in rows if r["chosen"]]
+    assert chosen["status"] == "passed" and chosen["name"] == metrics["chosen"]
+    assert chosen["score"] == min(r["score"] for r in rows if r["status"] == "passed")
+    published = json.loads((REPO / searched.published["path"] / "manifest.json").read_text())
+    assert published["candidates"] == rows and published["backend"] == metrics["backend"]
+    assert published["host"]["kernel_class"] == kernel_class()
+
+
+def test_choose_prefers_a_slower_passing_candidate_to_a_faster_failing_one():
+    rows = [
+        {"name": "fast-int8", "status": "missed", "latency_ms": {"b1": 1.0, "b32": 10.0}},
+        {"name": "fp32", "status": "passed", "latency_ms": {"b1": 2.0, "b32": 30.0}},
+        {"name": "bf16", "status": "passed", "latency_ms": {"b1": 1.5, "b32": 20.0}},
+        {"name": "bf16-off", "status": "skipped", "latency_ms": None},
+    ]
+    assert choose(rows)["name"] == "bf16"
+    assert [r["chosen"] for r in rows] == [False, False, True, False]
+    assert choose([{**rows[0]}]) is None
+
+
+def test_build_fails_naming_the_closest_candidate_when_none_passes(tiny_bert, texts_file, calibration_file, tmp_path):
+    target = write_target(tmp_path, "strict", accuracy__max_abs_diff=0.0)
+    with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was [a-z0-9-]+: "):
+        _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+    assert not list((tmp_path / "a").rglob("manifest.json"))
+
+
+def test_openvino_artifact_loads_and_matches_pytorch(tiny_bert, texts_file, calibration_file, tmp_path):
+    target = write_target(tmp_path, "ov", candidates=OPENVINO_FP32)
+    manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+    folder = manifest.published["path"]
+    published = json.loads(open(f"{folder}/manifest.json").read())
+    assert published["backend"] == "openvino" and published["graph"] == "model.xml"
+    assert {"model.xml", "model.bin"} <= set(published["files"])
+    model = load(folder)
+    assert model.backend == "openvino"
+    expected = pytorch_outputs(checkpoint_from_source(published["source"]), SMALL_TEXTS)
+    got = model.run(SMALL_TEXTS)
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() > 0.9999
+    code = f"import sys; sys.modules['openvino'] = None; from pipeline.runtime import load; load({folder!r})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode != 0 and "pip install pipeline[openvino]" in result.stderr
+
+
+def test_native_resolves_to_the_hosts_family():
+    assert load_target("native").name == NATIVE[kernel_class()]
+    amx = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_bf16", "amx_int8"}
+    assert kernel_class(frozenset(amx)) == "amx"
+    assert kernel_class(frozenset(amx - {"amx_bf16", "amx_int8"})) == "avx512-vnni"
+    assert kernel_class(frozenset({"avx2", "fma"})) == "avx2"
+    assert native_target("avx512-vnni") == "cpu-avx512"
+    with pytest.raises(TargetError, match="lacks AVX2 and FMA"):
+        native_target(kernel_class(frozenset({"sse4_2"})))
+
+
+def test_target_of_another_class_records_where_it_was_measured(tiny_bert, texts_file, calibration_file, tmp_path):
+    manifest = _build(tiny_bert, "cpu-amx", texts_file, calibration_file, tmp_path)
+    published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
+    on_amx = kernel_class() == "amx"
+    assert published["measured_on"] == {"kernel_class": kernel_class(), "target_kernel_class": "amx", "matches": on_amx}
+    bf16 = next(r for r in published["candidates"] if r["name"] == "openvino-bf16")
+    assert (bf16["status"] == "skipped") == ("amx_bf16" not in (cpu_flags() or ()))
+    if not on_amx:
+        with pytest.raises(ArtifactError, match="lacks CPU flags .*amx"):
+            load(manifest.published["path"], strict=True)
+
+
+def test_target_whose_candidates_all_need_missing_flags_is_refused_naming_them(tiny_bert, texts_file, tmp_path):
+    only = [{**OPENVINO_FP32[0], "name": "needs-flag", "required_cpu_flags": ["no_such_flag"]}]
+    target = write_target(tmp_path, "unbuildable", candidates=only)
+    with pytest.raises(TargetError, match=r"lack.* \(no_such_flag\); .* or build cpu-"):
+        _build(tiny_bert, target, texts_file, texts_file, tmp_path)
