@@ -9,12 +9,13 @@ A stage the target does not ask for returns the manifest unchanged: `search` run
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from pathlib import Path
 
 from pipeline import faults
-from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
-from pipeline.errors import InputError, TargetError
+from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts
+from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
@@ -35,6 +36,18 @@ STAGES = (
     ("engine", engine.run),
     ("publish", publish.run),
 )
+
+
+def _check_writable(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ArtifactError(
+            f"cannot publish to {folder} ({err.strerror or err}); pass a writable --artifacts-dir or fix its "
+            "permissions"
+        ) from None
 
 
 def _check_candidates(spec) -> None:
@@ -85,6 +98,10 @@ def build(
     if not spec.supported:
         raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
     _check_candidates(spec)
+    # Bad data or an unwritable artifacts folder is found before the expensive stages, not after them.
+    read_texts(validation, "validation")
+    read_texts(calibration, "calibration")
+    _check_writable(Path(artifacts_dir))
     if model is None:
         source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME
     else:

@@ -52,8 +52,13 @@ def _scores(metrics: dict) -> str:
 
 @click.group(cls=_Commands)
 @click.version_option(package_name="pipeline", prog_name="pipeline")
-def main() -> None:
+@click.option("--quiet", "-q", is_flag=True, help="no progress bars")
+@click.option("--verbose", "-v", is_flag=True, help="print each search candidate's and fallback step's figures")
+def main(quiet: bool, verbose: bool) -> None:
     """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
+    from pipeline.progress import configure
+
+    configure(quiet=quiet, verbose=verbose)
 
 
 @main.command()
@@ -235,14 +240,18 @@ def engine(artifact, graphs, data) -> None:
 
 
 @main.command()
-def targets() -> None:
-    """List the available targets."""
-    from pipeline.targets import available_targets, load_target
+@click.option("--targets-dir", default=None, help="folder of target files (default: ./targets)")
+def targets(targets_dir) -> None:
+    """List the available targets; a broken file is named on stderr and the rest are still listed."""
+    from pathlib import Path
 
+    from pipeline.targets import TARGETS_DIR, available_targets, load_target
+
+    folder = Path(targets_dir) if targets_dir else TARGETS_DIR
     broken = []
-    for name in available_targets():
+    for name in available_targets(folder):
         try:
-            spec = load_target(name)
+            spec = load_target(name, folder)
         except PipelineError as err:
             broken.append(str(err))
             continue

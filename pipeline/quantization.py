@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import QuantizationError
+from pipeline.progress import progress
 from pipeline.quiet import silenced
 
 
@@ -41,7 +42,7 @@ def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     encodings = model.encode(texts)
     ranges: dict[str, np.ndarray] = {}
-    for start in range(0, len(encodings), batch_size):
+    for start in progress(range(0, len(encodings), batch_size), "calibration: activation ranges"):
         feeds = model.feeds(encodings[start : start + batch_size])
         mask = feeds["attention_mask"].astype(bool)
         for name, value in zip(names, session.run(names, feeds), strict=True):

@@ -12,6 +12,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
+from pipeline.progress import progress
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 
@@ -92,7 +93,7 @@ def generation_outputs(model, tokenizer, texts: list[str], new_tokens: int, max_
     logits, tokens = [], []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.inference_mode():
-        for text in texts:
+        for text in progress(texts, "PyTorch: generating reference continuations"):
             ids = torch.tensor([tokenizer(text)["input_ids"][-(max_length - new_tokens) :]])
             mask = torch.ones_like(ids)
             logits.append(model(input_ids=ids, attention_mask=mask).logits[0, -1].float().numpy())
@@ -113,7 +114,7 @@ def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
     )
     outputs = []
     with torch.inference_mode():
-        for text in texts:
+        for text in progress(texts, "PyTorch: reference outputs"):
             pair = (text,) if isinstance(text, str) else text
             enc = tokenizer(
                 *([p] for p in pair), truncation=True, max_length=checkpoint.max_length, return_tensors="pt"

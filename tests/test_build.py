@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pipeline.build import build
-from pipeline.errors import AccuracyError, InputError, TargetError
+from pipeline.errors import AccuracyError, ArtifactError, InputError, TargetError
 from pipeline.runtime import load
 
 from .conftest import write_target
@@ -107,3 +107,39 @@ def test_build_pair_classifier_validates_on_text_pairs(texts_file, build_dirs, t
     assert manifest.stage("validate").metrics["top1_agreement"] >= 0.98
     out = load(manifest.published["path"]).run([("is it raining?", "yes, heavily"), "single text"])
     assert out.shape == (2, 3)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "option, make, message",
+    [
+        ("validation", lambda p: p / "missing.txt", r"validation data .*missing.txt does not exist"),
+        ("calibration", lambda p: _write(p / "empty.txt", "\n\n"), r"calibration data .*empty.txt holds no examples"),
+        ("calibration", lambda p: _write(p / "bad.jsonl", "{not json\n"), r"bad.jsonl, line 1: not JSON"),
+    ],
+)
+def test_build_checks_data_before_the_first_stage(option, make, message, tiny_bert, texts_file, build_dirs, tmp_path):
+    data = {"validation": texts_file, "calibration": texts_file, option: make(tmp_path)}
+    with pytest.raises(InputError, match=message):
+        build(tiny_bert, "cpu-avx2-dynamic", **data, **build_dirs)
+    assert not build_dirs["cache_dir"].exists()  # refused before any stage ran
+
+
+def test_build_checks_the_artifacts_folder_before_the_first_stage(tiny_bert, texts_file, build_dirs, tmp_path):
+    blocker = _write(tmp_path / "artifacts-file", "a file where the artifacts folder should be")
+    with pytest.raises(ArtifactError, match=r"cannot publish to .*artifacts-file"):
+        _build(tiny_bert, texts_file, {**build_dirs, "artifacts_dir": blocker}, target="cpu-avx2-dynamic")
+    assert not build_dirs["cache_dir"].exists()
+
+
+def test_build_removes_a_latest_link_left_by_a_killed_publish(tiny_bert, texts_file, build_dirs):
+    first = _build(tiny_bert, texts_file, build_dirs, target="cpu-avx2-dynamic")
+    latest = build_dirs["artifacts_dir"] / "tiny-bert" / "latest"
+    stale = latest / ".cpu-avx2-dynamic.0123456789abcdef"
+    stale.symlink_to(f"../{first.published['version']}/cpu-avx2-dynamic")
+    _build(tiny_bert, texts_file, build_dirs, target="cpu-avx2-dynamic")
+    assert not stale.is_symlink() and sorted(p.name for p in latest.iterdir()) == ["cpu-avx2-dynamic"]

@@ -100,3 +100,20 @@ def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, publi
     assert "is a feature-extraction artifact; generate needs a text-generation one" in out.stderr
     out = _cli("generate", str(published_gpt2), "hello", "--top-p", "2")
     assert out.returncode == 3 and "top_p=2.0 must be a number in (0, 1]" in out.stderr
+
+
+def test_cli_targets_lists_the_good_targets_and_names_a_broken_file(tmp_path):
+    import shutil
+
+    folder = tmp_path / "targets"
+    shutil.copytree(REPO / "targets", folder)
+    (folder / "broken.toml").write_text("name = [unclosed\n")
+    out = _cli("targets", "--targets-dir", str(folder))
+    assert out.returncode == 2
+    assert "cpu-fp32" in out.stdout and "a100" in out.stdout
+    assert "broken.toml: not valid TOML" in out.stderr
+
+
+def test_cli_version_prints_the_package_version():
+    out = _cli("--version")
+    assert out.returncode == 0 and "pipeline, version 0.1.0" in out.stdout

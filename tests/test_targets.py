@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -84,7 +85,10 @@ _scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size
 
 @settings(max_examples=60, deadline=None)
 @given(
-    key=st.sampled_from(["quantize__mode", "shapes__batch_size", "accuracy__cosine_min", "precision"]), value=_scalars
+    key=st.sampled_from(
+        ["quantize__mode", "shapes__batch_size", "accuracy__cosine_min", "precision", "tensorrt__workspace_mb"]
+    ),
+    value=_scalars,
 )
 def test_target_from_toml_accepts_or_raises_target_error_for_any_value(tmp_path_factory, key, value):
     folder = tmp_path_factory.mktemp("prop")
@@ -97,3 +101,38 @@ def test_target_from_toml_accepts_or_raises_target_error_for_any_value(tmp_path_
         section, _, field = key.rpartition("__")
         got = getattr(getattr(target, section) if section else target, field)
         assert got == value
+        # Accepted values are in range: sizes positive, scores in [-1, 1].
+        if field in ("batch_size", "workspace_mb"):
+            assert got >= 1
+        if field == "cosine_min":
+            assert -1 <= got <= 1
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("shapes__batch_size", -5, "'shapes.batch_size': -5 is out of range; it must be from 1 to 4096"),
+        ("accuracy__cosine_min", 1.5, "'accuracy.cosine_min': 1.5 is out of range"),
+        ("tensorrt__workspace_mb", 0, "'tensorrt.workspace_mb': 0 is out of range; it must be at least 1"),
+        ("runtime__candidate_threads", [2, 0], "'runtime.candidate_threads': 0 is out of range"),
+    ],
+)
+def test_target_from_toml_refuses_out_of_range_values_naming_the_key(tmp_path, key, value, message):
+    path = write_target(tmp_path, "ranged", **{key: value})
+    with pytest.raises(TargetError, match=re.escape(message)):
+        target_from_toml(path)
+
+
+def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
+    assert [c.engine for c in load_target("cpu-avx2").candidates] == [
+        "onnxruntime",
+        "onnxruntime",
+        "openvino",
+        "openvino",
+    ]
+    twice = [{"name": "a", "engine": "openvino", "precision": "fp32"}] * 2
+    with pytest.raises(TargetError, match="two \\[\\[candidates\\]\\] share a name"):
+        target_from_toml(write_target(tmp_path, "dup", candidates=twice))
+    wrong = [{"name": "a", "engine": "tvm", "precision": "fp32"}]
+    with pytest.raises(TargetError, match="'tvm' is not one of onnxruntime, openvino"):
+        target_from_toml(write_target(tmp_path, "bad", candidates=wrong))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.bench.common import bench_folder, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.progress import progress
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
 
@@ -35,7 +36,7 @@ def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens:
     """TTFT (ms) and decode tokens/s of each runner at each batch size, medians over `reps` alternating rounds,
     with each runner's ratio to PyTorch where it is among them."""
     results = {}
-    for size in batch_sizes:
+    for size in progress(batch_sizes, "generation speed: batch sizes"):
         batch = (prompts * (size // len(prompts) + 1))[:size]
         for run in runners.values():
             run(batch, 2)  # warm-up

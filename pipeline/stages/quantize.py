@@ -21,6 +21,7 @@ from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
 from pipeline.metrics import compare, failures, measure, outputs, with_headroom
+from pipeline.progress import note, progress
 from pipeline.quantization import (
     activation_absmax,
     calibration_reader,
@@ -80,7 +81,7 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
 def _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work) -> list[dict]:
     """Each quantizable node's error when it alone is quantized, most sensitive first."""
     sensitivity = []
-    for node in nodes:
+    for node in progress(nodes, "quantize: sensitivity of each node"):
         if node.name in excluded:
             continue
         path = work / "single.onnx"
@@ -145,6 +146,7 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
         seconds = round(time.perf_counter() - begun, 2)
         row = {"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **latency(model, texts, batch)}
         candidates.append({**row, **stats})
+        note(f"  int8 with {len(exclude)} nodes in fp32: " + ("passed" if not missed else "; ".join(missed)))
         return path, missed
 
     chosen, missed = attempt(excluded)
@@ -153,7 +155,7 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
         # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
         # fp32 would publish an fp32 graph under an int8 name.
         limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
-        for step in sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}):
+        for step in progress(sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}), "quantize: fallback"):
             if step < 1:
                 break
             exclude = excluded + [s["node"] for s in sensitivity[:step]]

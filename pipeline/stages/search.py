@@ -32,6 +32,7 @@ from pipeline.data import texts_digest
 from pipeline.errors import AccuracyError, PipelineError
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import closeness, compare, failures
+from pipeline.progress import note, progress
 from pipeline.quiet import silenced
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -124,7 +125,7 @@ def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
     first = next(iter(models.values()))
     workloads = _workloads(first, texts, batch)
     timings = {name: {} for name in models}
-    for shape, work in workloads.items():
+    for shape, work in progress(workloads.items(), "search: timing", total=len(workloads)):
 
         def once(model, work=work):
             if isinstance(work, list):
@@ -187,7 +188,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
     reference = pytorch_outputs(manifest.checkpoint, development)
     flags = cpu_flags() or frozenset()
     rows, built = [], {}
-    for candidate in target.candidates:
+    for candidate in progress(target.candidates, "search: building candidates"):
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         if missing:
             rows.append(_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
@@ -206,6 +207,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
                    closeness=closeness(stats, target.accuracy), fallback=made["fallback"], **stats)  # fmt: skip
         rows.append(row)
         built[candidate.name] = (made, model)
+        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {stats[k]:.4f}" for k in sorted(stats)))
     timings = _time({name: model for name, (_, model) in built.items()}, development + calibration,
                     target.shapes.batch_size)  # fmt: skip
     for row in rows:

@@ -1,5 +1,7 @@
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -189,3 +191,43 @@ def test_ort_gpu_providers_carry_the_targets_profiles_and_caches(tmp_path):
     assert ort_gpu_providers(manifest, tmp_path, ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     decoder = {**manifest, "engine": {"profiles": None}}
     assert ort_gpu_providers(decoder, tmp_path, every) == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_load_refuses_a_symlinked_manifest(artifact_copy, tmp_path):
+    real = tmp_path / "elsewhere.json"
+    (artifact_copy / "manifest.json").rename(real)
+    (artifact_copy / "manifest.json").symlink_to(real)
+    with pytest.raises(ArtifactError, match="manifest.json is a symlink"):
+        load(artifact_copy)
+
+
+def test_load_refuses_a_manifest_of_another_model(artifact_copy, tmp_path):
+    other = tmp_path / "other-model" / artifact_copy.parent.name / artifact_copy.name
+    shutil.copytree(artifact_copy, other)
+    with pytest.raises(ArtifactError, match=r"belongs to tiny-bert/v1/cpu-avx2-dynamic, but sits in other-model/"):
+        load(other)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"path": None}, "load(path=None): path must be a str or a pathlib.Path"),
+        ({"path": 5}, "load(path=5): path must be a str"),
+        ({"intra_op_threads": "abc"}, "load(intra_op_threads='abc') must be an int >= 0"),
+        ({"intra_op_threads": -1}, "load(intra_op_threads=-1) must be an int >= 0"),
+        ({"backend": "tvm"}, "load(backend='tvm') must be one of auto, onnxruntime, openvino, tensorrt"),
+        ({"strict": "yes"}, "load(strict='yes'): strict must be True or False"),
+    ],
+)
+def test_load_refuses_bad_arguments_naming_them(published, kwargs, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        load(**{"path": published, **kwargs})
+
+
+@pytest.mark.parametrize("texts, index", [(["fine", b"bytes"], 1), (["ok", "bad \ud800"], 1)])
+def test_model_run_names_the_bad_input(published, texts, index):
+    model = load(published)
+    with pytest.raises(InputError, match=f"input {index} "):
+        model.run(texts)
+    with pytest.raises(InputError, match="got a single bytes"):
+        model.run(b"bytes")

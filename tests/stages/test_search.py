@@ -59,14 +59,14 @@ def test_choose_prefers_a_slower_passing_candidate_to_a_faster_failing_one():
 
 
 def test_build_fails_naming_the_closest_candidate_when_none_passes(tiny_bert, texts_file, calibration_file, tmp_path):
-    target = write_target(tmp_path, "strict", accuracy__max_abs_diff=0.0)
+    target = write_target(tmp_path, "strict", base="cpu-avx2", accuracy__max_abs_diff=0.0)
     with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was [a-z0-9-]+: "):
         _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 
 def test_openvino_artifact_loads_and_matches_pytorch(tiny_bert, texts_file, calibration_file, tmp_path):
-    target = write_target(tmp_path, "ov", candidates=OPENVINO_FP32)
+    target = write_target(tmp_path, "ov", base="cpu-avx2", candidates=OPENVINO_FP32)
     manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
     folder = manifest.published["path"]
     published = json.loads(open(f"{folder}/manifest.json").read())
@@ -108,6 +108,6 @@ def test_target_of_another_class_records_where_it_was_measured(tiny_bert, texts_
 
 def test_target_whose_candidates_all_need_missing_flags_is_refused_naming_them(tiny_bert, texts_file, tmp_path):
     only = [{**OPENVINO_FP32[0], "name": "needs-flag", "required_cpu_flags": ["no_such_flag"]}]
-    target = write_target(tmp_path, "unbuildable", candidates=only)
+    target = write_target(tmp_path, "unbuildable", base="cpu-avx2", candidates=only)
     with pytest.raises(TargetError, match=r"lack.* \(no_such_flag\); .* or build cpu-"):
         _build(tiny_bert, target, texts_file, texts_file, tmp_path)

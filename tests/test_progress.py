@@ -1,0 +1,48 @@
+"""Progress bars go to stderr on a terminal only, and --quiet hides them."""
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+
+from .conftest import REPO
+
+
+def _build_args(tiny_bert, texts_file, calibration_file, tmp_path, *flags):
+    return [sys.executable, "-m", "pipeline", *flags, "build", "--model", str(tiny_bert), "--target", "cpu-avx2",
+            "--validation", str(texts_file), "--calibration", str(calibration_file),
+            "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+
+
+def _on_a_terminal(args) -> str:
+    """Run `args` with stderr on a pseudo-terminal; returns what it wrote there."""
+    leader, follower = pty.openpty()
+    # A new pseudo-terminal is 0 columns wide, and tqdm draws nothing in 0 columns: give it a real size.
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=follower, cwd=REPO)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert child.wait(timeout=600) == 0
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_and_not_when_piped_or_quiet(tiny_bert, texts_file, calibration_file, tmp_path):
+    shown = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "tty"))
+    assert "search: building candidates" in shown
+    piped = subprocess.run(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "pipe"),
+                           capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert piped.returncode == 0 and "search:" not in piped.stderr and "\r" not in piped.stderr
+    quiet = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "quiet", "--quiet"))
+    assert "search:" not in quiet
