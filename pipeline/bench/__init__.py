@@ -23,7 +23,7 @@ def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None
         return bench_generation(artifact, out_dir, baseline=baseline, **settings)
     from pipeline.bench.encoder import bench
 
-    settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "budget_s": 0.5, "min_reps": 3} if quick else {}
+    settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "min_rounds": 3, "max_rounds": 10} if quick else {}
     return bench(artifact, cache_dir, out_dir, baseline=baseline, **settings)
 
 

@@ -30,10 +30,50 @@ def time_alternating(runners: dict, feeds: dict, budget_s: float, min_reps: int,
             return times
 
 
+def time_until_stable(runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10) -> dict:
+    """Rounds alternate between the variants (after two warm-ups each) until every variant's p10-p90 spread is
+    within `spread` of its median, or `max_rounds`; returns {variant: {"ms": [...], "noisy": bool}}."""
+    for run in runners.values():
+        run(feeds)
+        run(feeds)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for rounds in range(1, max_rounds + 1):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            run(feeds)
+            times[name].append((time.perf_counter() - t0) * 1000)
+        if rounds >= min_rounds and all(relative_spread(v) <= spread for v in times.values()):
+            break
+    return {name: {"ms": values, "noisy": relative_spread(values) > spread} for name, values in times.items()}
+
+
+def relative_spread(values: list[float]) -> float:
+    """(p90 - p10) / median: how far a figure moved between rounds."""
+    return (percentile(values, 90) - percentile(values, 10)) / max(float(np.median(values)), 1e-12)
+
+
+def host_summary(threads: int) -> dict:
+    """The host a benchmark ran on: CPU model, kernel class, the flags that pick kernels, threads, versions."""
+    from importlib import metadata
+
+    from pipeline.runtime.host import INT8_KERNEL_FLAGS, cpu_flags, cpu_model, kernel_class
+
+    flags = cpu_flags() or frozenset()
+    versions = {}
+    for name in ("onnxruntime", "openvino", "torch", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    kernel_flags = [f for f in ("avx2", "fma", "avx512f", *INT8_KERNEL_FLAGS, "avx512_bf16", "amx_bf16") if f in flags]
+    return {"cpu": cpu_model(), "kernel_class": kernel_class(flags), "flags": kernel_flags, "threads": threads,
+            "versions": versions}  # fmt: skip
+
+
 def identity(manifest: dict, real: Path, threads: int) -> dict:
-    """What a benchmark measured: the artifact and the thread count."""
+    """What a benchmark measured: the artifact, the host and the thread count."""
     keys = ("model_name", "version", "target")
-    return {"artifact": str(real), **{k: manifest[k] for k in keys}, "threads": threads}
+    return {"artifact": str(real), **{k: manifest[k] for k in keys}, "threads": threads, "host": host_summary(threads)}
 
 
 def bench_folder(real: Path, manifest: dict) -> Path:

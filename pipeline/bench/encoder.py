@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import bench_folder, identity, percentile, time_alternating, write_results
+from pipeline.bench.common import bench_folder, identity, percentile, time_alternating, time_until_stable, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
+from pipeline.progress import progress
 from pipeline.reference import checkpoint_from_source, encoder_runner
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session
@@ -26,7 +27,10 @@ from pipeline.runtime.encoder import Model
 
 BATCH_SIZES = (1, 8, 32)
 SEQ_LENS = (16, 128, 512)
-PYTORCH = "pytorch-eager"
+PYTORCH = "pytorch-fp32"
+PYTORCH_BF16 = "pytorch-bf16"
+OPENVINO_DEFAULT = "openvino-default"
+ARTIFACT = "artifact"
 
 
 def token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
@@ -96,6 +100,121 @@ def _tokenization_share(model: Model, texts: list[str], reps: int) -> dict:
     return {"batch": len(batch), "tokenize_ms": tok, "end_to_end_ms": total, "share": tok / total}
 
 
+def _variants(manifest: dict, real: Path, cache_dir: Path, threads: int, baseline) -> tuple[dict, dict, list]:
+    """(runners by name, load figures by name, missing variants): PyTorch fp32 and bf16, OpenVINO's default compile
+    of the plain export, the unoptimized and fused ONNX graphs on ONNX Runtime, and the artifact as it loads."""
+    import psutil
+
+    from pipeline.runtime.load import open_model
+
+    process = psutil.Process()
+    # No spinning: variants alternate, and a spinning ORT pool would steal the cores of the next variant.
+    session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
+    export = cache_dir / "export" / manifest["stages"]["export"]["key"] / "model.onnx"
+    factories = {}
+    if baseline == "pytorch":
+        checkpoint = checkpoint_from_source(manifest["source"])
+        inputs = manifest["model"]["inputs"]
+        factories[PYTORCH] = lambda: encoder_runner(checkpoint, inputs, threads)
+        factories[PYTORCH_BF16] = lambda: encoder_runner(checkpoint, inputs, threads, "bfloat16")
+    elif baseline is not None:
+        raise InputError(f"unknown baseline {baseline!r}; use 'pytorch' or none")
+    graphs = {"onnx-unoptimized": export}
+    if "optimize" in manifest["stages"]:
+        graphs["onnx-fp32-optimized"] = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx"
+    missing = [name for name, path in graphs.items() if not path.exists()]
+    for name, path in graphs.items():
+        if path.exists():
+            factories[name] = lambda path=path: _session_runner(
+                Model(open_session(path, session), real / "tokenizer.json", manifest["model"])
+            )
+    if export.exists() and _has_openvino():
+        factories[OPENVINO_DEFAULT] = lambda: _openvino_default(export, manifest["model"]["output"])
+    backend = manifest["backend"] if manifest["backend"] != "tensorrt" else "onnxruntime"
+    factories[ARTIFACT] = lambda: _session_runner(
+        open_model(
+            real / manifest["graph"], real / "tokenizer.json", manifest["model"], session=session, backend=backend
+        )
+    )
+    runners, loads = {}, {}
+    for name, factory in factories.items():
+        rss, t0 = process.memory_info().rss, time.perf_counter()
+        runners[name] = factory()
+        loads[name] = {"load_s": time.perf_counter() - t0, "rss_mb": (process.memory_info().rss - rss) / 2**20}
+    for name, path in {**graphs, ARTIFACT: real / manifest["graph"]}.items():
+        if name in loads:
+            loads[name]["size_mb"] = sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*")
+                                         if p.suffix in (".onnx", ".xml", ".bin")) / 2**20  # fmt: skip
+    return runners, loads, missing
+
+
+def _session_runner(model):
+    def run(feeds):
+        return model.session.run([model.output_name], {k: feeds[k] for k in model.input_names})[0]
+
+    run.model = model
+    return run
+
+
+def _has_openvino() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _openvino_default(export: Path, output: str):
+    """OpenVINO's one-line alternative: the plain ONNX export compiled with no settings (bf16 where the CPU has it)."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(export), "CPU")
+    names = [p.get_any_name() for p in compiled.inputs]
+
+    def run(feeds):
+        return compiled({k: feeds[k] for k in names})[compiled.output(output)]
+
+    return run
+
+
+def _accuracy(runners: dict, feeds: dict) -> dict:
+    """Each variant's cosine (min) against PyTorch fp32 on the same padded validation batch."""
+    outputs = {name: np.asarray(run(feeds), dtype=np.float64) for name, run in runners.items()}
+    reference = outputs.get(PYTORCH)
+    if reference is None:
+        return {}
+    result = {}
+    for name, out in outputs.items():
+        a, b = reference.reshape(len(reference), -1), out.reshape(len(out), -1)
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)).clip(1e-12)
+        result[name] = float(cos.min())
+    return result
+
+
+def _grid_rows(times: dict, batch: int, length: int, accurate: set) -> list[dict]:
+    """One row per variant: median and spread, throughput, and the ratios (artifact over the fastest accurate
+    peer, each variant over PyTorch fp32)."""
+    p50 = {name: statistics.median(t["ms"]) for name, t in times.items()}
+    peers = [n for n in p50 if n != ARTIFACT and n in accurate]
+    best_peer = min(peers, key=p50.get) if peers else None
+    rows = []
+    for name, t in times.items():
+        row = {
+            "variant": name, "batch": batch, "seq": length, "reps": len(t["ms"]), "noisy": t["noisy"],
+            "p50_ms": p50[name], "p10_ms": percentile(t["ms"], 10), "p90_ms": percentile(t["ms"], 90),
+            "p99_ms": percentile(t["ms"], 99), "sequences_per_s": batch / p50[name] * 1000,
+            "tokens_per_s": batch * length / p50[name] * 1000,
+            "speedup_vs_pytorch": p50[PYTORCH] / p50[name] if PYTORCH in p50 else None,
+        }  # fmt: skip
+        if name == ARTIFACT and best_peer:
+            peer = times[best_peer]["ms"]
+            row.update(best_peer=best_peer, speedup_vs_best_peer=p50[best_peer] / p50[name],
+                       speedup_low=percentile(peer, 10) / percentile(t["ms"], 90),
+                       speedup_high=percentile(peer, 90) / percentile(t["ms"], 10))  # fmt: skip
+        rows.append(row)
+    return rows
+
+
 def bench(
     artifact: str | Path,
     cache_dir: str | Path | None = None,
@@ -103,11 +222,11 @@ def bench(
     batch_sizes=BATCH_SIZES,
     seq_lens=SEQ_LENS,
     baseline: str | None = "pytorch",
-    budget_s: float = 4.0,
-    min_reps: int = 5,
-    max_reps: int = 60,
+    min_rounds: int = 7,
+    max_rounds: int = 40,
 ) -> dict:
-    """Benchmark an artifact against its other variants; returns the results and writes them to `out_dir`."""
+    """Benchmark an artifact against its peers, alternating round by round until each median's p10-p90 spread is
+    within 10% (else the row is marked noisy); returns the results and writes them to `out_dir`."""
     import psutil
 
     artifact = Path(artifact)
@@ -115,65 +234,28 @@ def bench(
     real = artifact.resolve()
     cache_dir = Path(cache_dir or Path(__file__).resolve().parents[2] / ".cache" / "stages")
     threads = os.cpu_count() or 1
-    # No spinning: variants alternate, and a spinning ORT pool would steal the cores of the next variant.
-    session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
-    process = psutil.Process()
-    paths = {
-        "onnx-unoptimized": cache_dir / "export" / manifest["stages"]["export"]["key"] / "model.onnx",
-        "onnx-fp32-optimized": cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx",
-        f"artifact-{manifest['target_spec']['precision']}": real / "model.onnx",
-    }
-    missing = [name for name, path in paths.items() if not path.exists()]
-    variants, runners, models = {}, {}, {}
-    if baseline == "pytorch":
-        rss, t0 = process.memory_info().rss, time.perf_counter()
-        checkpoint = checkpoint_from_source(manifest["source"])
-        runners[PYTORCH] = encoder_runner(checkpoint, manifest["model"]["inputs"], threads)
-        variants[PYTORCH] = {"load_s": time.perf_counter() - t0, "rss_mb": (process.memory_info().rss - rss) / 2**20}
-    elif baseline is not None:
-        raise InputError(f"unknown baseline {baseline!r}; use 'pytorch' or none")
-    for name, path in paths.items():
-        if name in missing:
-            continue
-        rss, t0 = process.memory_info().rss, time.perf_counter()
-        model = Model(open_session(path, session), real / "tokenizer.json", manifest["model"])
-        variants[name] = {
-            "load_s": time.perf_counter() - t0,
-            "rss_mb": (process.memory_info().rss - rss) / 2**20,
-            "size_mb": path.stat().st_size / 2**20,
-        }
-        models[name] = model
-        runners[name] = lambda feeds, s=model.session, o=model.output_name: s.run([o], feeds)[0]
-    shipped = models[f"artifact-{manifest['target_spec']['precision']}"]
+    runners, loads, missing = _variants(manifest, real, cache_dir, threads, baseline)
+    shipped = runners[ARTIFACT].model if hasattr(runners[ARTIFACT], "model") else None
+    shipped = shipped or next(r.model for r in runners.values() if hasattr(r, "model"))
+    accuracy = _accuracy(runners, shipped.feeds(shipped.encode(texts[:32])))
+    gate = manifest["target_spec"]["accuracy"].get("cosine_min") or 0.99
+    accurate = {name for name, cos in accuracy.items() if cos >= gate} if accuracy else set(runners)
     limit = int(manifest["model"]["max_length"])
-    lengths = sorted({min(n, limit) for n in seq_lens})
     grid = []
-    for length in lengths:
+    for length in progress(sorted({min(n, limit) for n in seq_lens}), "bench: sequence lengths"):
         for batch in batch_sizes:
-            feeds = token_rows(shipped, texts, batch, length)
-            times = time_alternating(runners, feeds, budget_s, min_reps, max_reps)
-            base = statistics.median(times[PYTORCH]) if PYTORCH in times else None
-            for name, values in times.items():
-                p50 = statistics.median(values)
-                grid.append({
-                    "variant": name, "batch": batch, "seq": length, "reps": len(values),
-                    "p50_ms": p50, "p90_ms": percentile(values, 90), "p99_ms": percentile(values, 99),
-                    "sequences_per_s": batch / p50 * 1000, "tokens_per_s": batch * length / p50 * 1000,
-                    "speedup_vs_pytorch": base / p50 if base else None,
-                })  # fmt: skip
-    for name in variants:
-        variants[name]["peak_rss_mb"] = process.memory_info().rss / 2**20
+            times = time_until_stable(runners, token_rows(shipped, texts, batch, length), min_rounds, max_rounds)
+            grid += _grid_rows(times, batch, length, accurate)
     results = {
         **identity(manifest, real, threads),
-        "variants": variants,
-        "missing_variants": missing,
+        "variants": loads, "missing_variants": missing, "accuracy_cosine_min": accuracy, "accuracy_gate": gate,
         "grid": grid,
-        "bucketing": _bucketing(shipped, texts, min_reps),
+        "bucketing": _bucketing(shipped, texts, min_rounds),
         "concurrency": _concurrency(shipped, texts, callers=32, per_caller=8),
-        "tokenization": _tokenization_share(shipped, texts, min_reps),
+        "tokenization": _tokenization_share(shipped, texts, min_rounds),
         "process_peak_rss_mb": psutil.Process().memory_info().rss / 2**20,
-    }
+    }  # fmt: skip
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
     from pipeline.bench.plot import plot
 
@@ -182,23 +264,47 @@ def bench(
     return results
 
 
+def _spread(row: dict) -> str:
+    return f"{row['p50_ms']:.2f} [{row['p10_ms']:.2f}, {row['p90_ms']:.2f}]" + (" noisy" if row["noisy"] else "")
+
+
 def markdown(results: dict) -> str:
-    """The results as a Markdown table, ratios against PyTorch eager."""
+    """The results as Markdown: the host, each figure as median [p10, p90], the artifact against the fastest
+    peer that meets the accuracy gate, and each variant against PyTorch fp32."""
+    host = results["host"]
+    versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
     lines = [
-        f"# {results['model_name']} {results['version']} {results['target']} ({results['threads']} threads)",
+        f"# {results['model_name']} {results['version']} {results['target']}",
         "",
-        "| variant | batch | seq | p50 ms | p90 ms | p99 ms | seq/s | tokens/s | vs PyTorch |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
+        f"{versions}. Rounds alternate between variants until each median's p10-p90 spread is within 10%; "
+        "'noisy' marks a figure that never got there.",
+        "",
+        f"Accuracy gate for peers: cosine min >= {results['accuracy_gate']} against PyTorch fp32 on 32 held-out texts.",
+        "",
+        "| variant | cosine min | load s | RSS added MB | size MB |",
+        "|---|---|---|---|---|",
+    ]
+    for name, v in results["variants"].items():
+        cos = results["accuracy_cosine_min"].get(name)
+        size = f"{v['size_mb']:.1f}" if "size_mb" in v else "-"
+        lines.append(
+            f"| {name} | {'-' if cos is None else f'{cos:.4f}'} | {v['load_s']:.2f} | {v['rss_mb']:.0f} | {size} |"
+        )
+    lines += [
+        "",
+        "| variant | batch | seq | ms: median [p10, p90] | seq/s | vs PyTorch fp32 | artifact vs fastest "
+        "accurate peer |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in results["grid"]:
         ratio = f"x{row['speedup_vs_pytorch']:.2f}" if row["speedup_vs_pytorch"] else "-"
-        lines.append(
-            f"| {row['variant']} | {row['batch']} | {row['seq']} | {row['p50_ms']:.2f} | {row['p90_ms']:.2f} | "
-            f"{row['p99_ms']:.2f} | {row['sequences_per_s']:.1f} | {row['tokens_per_s']:.0f} | {ratio} |"
-        )
-    lines += ["", "| variant | load s | RSS added MB | size MB |", "|---|---|---|---|"]
-    for name, v in results["variants"].items():
-        lines.append(f"| {name} | {v['load_s']:.2f} | {v['rss_mb']:.0f} | {v.get('size_mb', float('nan')):.1f} |")
+        peer = "-"
+        if "best_peer" in row:
+            low, high = row["speedup_low"], row["speedup_high"]
+            peer = f"x{row['speedup_vs_best_peer']:.2f} [{low:.2f}, {high:.2f}] over {row['best_peer']}"
+        lines.append(f"| {row['variant']} | {row['batch']} | {row['seq']} | {_spread(row)} | "
+                     f"{row['sequences_per_s']:.1f} | {ratio} | {peer} |")  # fmt: skip
     b, c, t = results["bucketing"], results["concurrency"], results["tokenization"]
     lines += [
         "",
