@@ -117,3 +117,11 @@ def test_cli_targets_lists_the_good_targets_and_names_a_broken_file(tmp_path):
 def test_cli_version_prints_the_package_version():
     out = _cli("--version")
     assert out.returncode == 0 and "pipeline, version 0.1.0" in out.stdout
+
+
+def test_makefile_quotes_every_value_it_passes_to_the_cli():
+    out = subprocess.run(["make", "-n", "build", "MODEL=/tmp/a b/My Model", "NAME=x", "CALIBRATION=/tmp/c d.txt"],
+                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    line = next(row for row in out.stdout.splitlines() if "pipeline build" in row)
+    assert '--model "/tmp/a b/My Model"' in line and '--calibration "/tmp/c d.txt"' in line

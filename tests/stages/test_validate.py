@@ -69,3 +69,10 @@ def test_validate_artifact_raises_when_thresholds_missed(artifact_copy, texts_fi
     _edit_manifest(artifact_copy, lambda m: m["target_spec"]["accuracy"].update(max_abs_diff=0.0))
     with pytest.raises(AccuracyError, match="misses its thresholds on this host: max_abs_diff"):
         validate_artifact(artifact_copy, texts_file)
+
+
+def test_validation_records_how_far_a_text_moves_between_batch_compositions(published):
+    import json
+
+    validation = json.loads((published / "manifest.json").read_text())["validation"]
+    assert 0 <= validation["batch_spread_max_abs"] < 0.1  # dynamic int8: measured, recorded, small
