@@ -29,8 +29,15 @@ def test_minilm_artifact_matches_sentence_transformers(minilm_build):
         got = model.run(texts, batch_size=batch_size)
         cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
         assert cosine.min() >= 0.99, batch_size
-    quantize = manifest.stage("quantize").metrics
-    assert quantize["quantized_nodes"] >= 12  # most of the graph stays int8
+    search = manifest.stage("search").metrics
+    assert [r["name"] for r in search["candidates"]] == [
+        "ort-fp32",
+        "ort-int8-dynamic",
+        "openvino-fp32",
+        "openvino-int8",
+    ]
+    [chosen] = [r for r in search["candidates"] if r["chosen"]]
+    assert chosen["status"] == "passed" and chosen["cosine_min"] >= 0.99
     assert manifest.stage("optimize").metrics["fused"]["Attention"] == 6
 
 
@@ -44,7 +51,7 @@ def test_minilm_second_build_reuses_every_stage(minilm_build):
 def test_minilm_avx512_target_builds_here_and_warns_without_avx512(minilm_build):
     _, dirs = minilm_build
     manifest = build(target="cpu-avx512", **dirs)
-    assert [r.name for r in manifest.stages if r.reused] == ["export", "optimize", "quantize"]
+    assert {"export", "optimize"} <= {r.name for r in manifest.stages if r.reused}  # the search runs its own list
     if "avx512f" in (cpu_flags() or ()):
         load(manifest.published["path"])
     else:
