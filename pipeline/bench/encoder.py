@@ -236,8 +236,7 @@ def bench(
     threads = os.cpu_count() or 1
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     runners, loads, missing = _variants(manifest, real, cache_dir, threads, baseline)
-    shipped = runners[ARTIFACT].model if hasattr(runners[ARTIFACT], "model") else None
-    shipped = shipped or next(r.model for r in runners.values() if hasattr(r, "model"))
+    shipped = runners[ARTIFACT].model  # the artifact is always a session runner
     accuracy = _accuracy(runners, shipped.feeds(shipped.encode(texts[:32])))
     gate = manifest["target_spec"]["accuracy"].get("cosine_min") or 0.99
     accurate = {name for name, cos in accuracy.items() if cos >= gate} if accuracy else set(runners)
