@@ -128,12 +128,16 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
     click.echo(verdict_table(validation_metrics["verdict"]))
     if "int8_qdq" in validation_metrics:
         click.echo(f"validation of model.int8.onnx: {_scores(validation_metrics['int8_qdq'])}")
-    for batch, row in (validation_metrics.get("speed") or {}).get("batches", {}).items():
+    speed = (validation_metrics.get("speed") or {}).get("batches", {})
+    if speed:
+        click.echo("timed on this build host while building (report.json; `make bench` measures speed):")
+    for batch, row in speed.items():
         mine, torch = row["artifact"], row["pytorch-generate"]
+        low, high = mine["decode_range_tokens_per_s"]
         click.echo(
-            f"{batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms "
-            f"(PyTorch {torch['ttft_ms']:.1f}), "
-            f"decode {mine['decode_tokens_per_s']:.0f} tokens/s (PyTorch {torch['decode_tokens_per_s']:.0f}, "
+            f"  {batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms "
+            f"(PyTorch {torch['ttft_ms']:.1f}), decode {mine['decode_tokens_per_s']:.0f} tokens/s "
+            f"[p10-p90 {low:.0f}-{high:.0f}] (PyTorch {torch['decode_tokens_per_s']:.0f}, "
             f"x{mine['decode_speedup']:.2f})"
         )
     click.echo(f"reused stages: {', '.join(reused) or 'none'}; {published['seconds']:.1f}s in all")
@@ -261,3 +265,28 @@ def targets(targets_dir) -> None:
         click.echo(f"error: {problem}", err=True)
     if broken:
         sys.exit(TargetError.exit_code)
+
+
+@main.command(name="gc")
+@click.option("--artifacts-dir", default=None, help="published artifacts (default: ./artifacts)")
+@click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
+@click.option(
+    "--keep", type=int, default=None, help="also remove versions beyond the newest N of each model and target"
+)
+@click.option(
+    "--min-age",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="seconds a cache entry must be old before removal (a running build may still need a newer one)",
+)
+@click.option("--dry-run", is_flag=True, help="print what would be removed and the space it would free; remove nothing")
+def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:  # fmt: skip
+    """Remove stage-cache entries no published version references, and with --keep old versions; never what a
+    `latest` link points to."""
+    from pipeline.build import REPO
+    from pipeline.gc import collect, describe
+
+    artifacts = artifacts_dir or REPO / "artifacts"
+    cache = cache_dir or REPO / ".cache" / "stages"
+    click.echo(describe(collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run), dry_run))

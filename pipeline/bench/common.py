@@ -13,6 +13,11 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of a figure's runs."""
+    return float(np.median(values)), percentile(values, 10), percentile(values, 90)
+
+
 def time_alternating(runners: dict, feeds: dict, budget_s: float, min_reps: int, max_reps: int) -> dict:
     """Run every variant in turn, repeatedly, after two warm-ups each; returns latencies in ms per variant."""
     for run in runners.values():

@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pipeline.bench.common import bench_folder, identity, write_results
+from pipeline.bench.common import bench_folder, identity, percentile, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.progress import progress
 from pipeline.runtime.artifact import verify_artifact
@@ -54,7 +54,10 @@ def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens:
         for name in runners:
             ttft, total = statistics.median(first[name]), statistics.median(full[name])
             decode = max(total - ttft, 1e-9)
-            row[name] = {"ttft_ms": ttft * 1000, "decode_tokens_per_s": size * (new_tokens - 1) / decode}
+            rates = [size * (new_tokens - 1) / max(t - ttft, 1e-9) for t in full[name]]
+            row[name] = {"ttft_ms": ttft * 1000, "decode_tokens_per_s": size * (new_tokens - 1) / decode,
+                         "ttft_range_ms": [1000 * percentile(first[name], q) for q in (10, 90)],
+                         "decode_range_tokens_per_s": [percentile(rates, q) for q in (10, 90)]}  # fmt: skip
         if PYTORCH in row:
             base = row[PYTORCH]
             for values in row.values():

@@ -41,7 +41,7 @@ HOST_STAGES = ("tune",)
 VERSION = re.compile(r"^v(\d+)$")
 
 
-def _versions(model_root: Path) -> list[tuple[int, Path]]:
+def published_versions(model_root: Path) -> list[tuple[int, Path]]:
     found = [(int(m.group(1)), p) for p in model_root.glob("v*") if (m := VERSION.match(p.name)) and p.is_dir()]
     return sorted(found)
 
@@ -103,10 +103,37 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     }
 
 
+# Figures timed on the build host: they go to report.json with their spread, host and date, never to the manifest,
+# where they would pose as a property of the immutable artifact.
+TIMED = ("latency_ms", "latency_range_ms", "build_seconds")
+SPEED_MEANING = (
+    "timed on the build host while it built (possibly busy): they explain the search's choice and are not a "
+    "property of the artifact; `make bench` measures speed side by side"
+)
+
+
 def _candidates(manifest: Manifest) -> list | None:
-    """The engine search's table (each candidate's accuracy on the development split, latency, choice)."""
+    """The engine search's table (each candidate's accuracy on the development split, score, choice), untimed."""
     record = next((r for r in manifest.stages if r.name == "search"), None)
-    return record.metrics["candidates"] if record else None
+    if record is None:
+        return None
+    return [{k: v for k, v in row.items() if k not in TIMED} for row in record.metrics["candidates"]]
+
+
+def build_speed(manifest: Manifest) -> dict:
+    """The build's timed figures with their spread (median and p10-p90), host and date, for report.json."""
+    search = next((r.metrics for r in manifest.stages if r.name == "search"), None)
+    validation = manifest.stage("validate").metrics
+    return {
+        "meaning": SPEED_MEANING,
+        "host": _host(),
+        "search": {
+            "measured_at": search.get("timed_at"),
+            "candidates": {r["name"]: {k: r.get(k) for k in TIMED} for r in search["candidates"]},
+        } if search else None,
+        "generation": validation.get("speed"),
+        "stage_seconds": {r.name: r.seconds for r in manifest.stages},
+    }  # fmt: skip
 
 
 def measured_on(target: Target) -> dict:
@@ -124,7 +151,7 @@ def _tuned(manifest: Manifest) -> dict:
 
 
 def _existing(model_root: Path, target: str, content_id: str) -> str | None:
-    for _, version_dir in reversed(_versions(model_root)):
+    for _, version_dir in reversed(published_versions(model_root)):
         with contextlib.suppress(OSError, ValueError):
             existing = json.loads((version_dir / target / MANIFEST_NAME).read_text())
             if existing.get("content_id") == content_id:
@@ -145,7 +172,8 @@ def _write_staging(
         shutil.copyfile(path, staging / name)
         if sha256_file(staging / name) != files[name]:
             raise ArtifactError(f"{path} changed while it was being published; rebuild")
-    report = {"model_name": manifest.model_name, "version": version, "target": target.name, "stages": _report(manifest)}
+    report = {"model_name": manifest.model_name, "version": version, "target": target.name,
+              "build_speed": build_speed(manifest), "stages": _report(manifest)}  # fmt: skip
     (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     files["report.json"] = sha256_file(staging / "report.json")
     published = {
@@ -167,10 +195,9 @@ def _write_staging(
         "target_spec": content["target_spec"],
         "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
         "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
-        "validation": manifest.stage("validate").metrics,
+        "validation": {k: v for k, v in manifest.stage("validate").metrics.items() if k != "speed"},
         "packages": _package_versions(),
         "host": _host(),
-        "timings": {r.name: r.seconds for r in manifest.stages},
         "reused_stages": [r.name for r in manifest.stages if r.reused],
     }
     published["manifest_sha256"] = manifest_digest(published)
@@ -197,7 +224,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             version = _existing(model_root, target.name, content_id)
             reused = version is not None
             if not reused:
-                number = max([n for n, p in _versions(model_root) if (p / target.name).exists()], default=0) + 1
+                number = (
+                    max([n for n, p in published_versions(model_root) if (p / target.name).exists()], default=0) + 1
+                )
                 version = f"v{number}"
                 staging = model_root / f".staging-{uuid.uuid4().hex}"
                 staging.mkdir()

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import io
 import shutil
-import statistics
 import time
 from pathlib import Path
 
+from pipeline.bench.common import median_range
 from pipeline.cache import StageSpec, run_cached
 from pipeline.data import texts_digest
 from pipeline.errors import AccuracyError, PipelineError
@@ -40,7 +41,7 @@ from pipeline.stages.quantize import calibration_texts, development_split, int8_
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 
-VERSION = 2
+VERSION = 3
 SEQUENCE = 128
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
@@ -121,7 +122,8 @@ def _workloads(model, texts: list, batch: int) -> dict:
 
 
 def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
-    """Median ms of each model at each workload, alternating models run by run after a warm-up each."""
+    """Each model's ms at each workload as [median, p10, p90] over `reps` runs, alternating models run by run
+    after a warm-up each."""
     first = next(iter(models.values()))
     workloads = _workloads(first, texts, batch)
     timings = {name: {} for name in models}
@@ -141,7 +143,7 @@ def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
                 once(model)
                 runs[name].append((time.perf_counter() - started) * 1000)
         for name in models:
-            timings[name][shape] = round(statistics.median(runs[name]), 3)
+            timings[name][shape] = [round(v, 3) for v in median_range(runs[name])]
     return timings
 
 
@@ -211,7 +213,9 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
     timings = _time({name: model for name, (_, model) in built.items()}, development + calibration,
                     target.shapes.batch_size)  # fmt: skip
     for row in rows:
-        row["latency_ms"] = timings.get(row["name"])
+        timed = timings.get(row["name"])
+        row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
+        row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
     winner = choose(rows)
     if winner is None:
         raise _no_winner(manifest, target, rows)
@@ -225,6 +229,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
         "graph": made["graph"].name, "session": made["session"], "candidates": rows,
         "calibration_examples": len(calibration), "development_examples": len(development),
         "kernel_class": kernel_class(flags),
+        "timed_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
 
 

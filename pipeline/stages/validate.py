@@ -13,6 +13,7 @@ first token and decode tokens/s, against PyTorch generate, go into the report.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from pathlib import Path
 
 from pipeline.cache import StageSpec, run_cached
@@ -34,7 +35,7 @@ from pipeline.stages.checkpoint import checkpoint_digest
 from pipeline.targets import Accuracy, Generation, Target
 from pipeline.tasks import TASKS
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,7 @@ def _generation_reference(manifest: Manifest, target: Target, texts: list, candi
     runners = {PYTORCH: generate_runner(model, tokenizer), ARTIFACT: artifact_runner(candidate)}
     speed_tokens = min(target.generation.speed_new_tokens, checkpoint.max_length // 2)
     speed = generation_speed(runners, texts, target.generation.speed_batch_sizes, speed_tokens)
+    speed["measured_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return reference, speed
 
 

@@ -41,9 +41,24 @@ def test_search_reports_every_candidate_and_chooses_the_fastest_that_passed(sear
     [chosen] = [r for r in rows if r["chosen"]]
     assert chosen["status"] == "passed" and chosen["name"] == metrics["chosen"]
     assert chosen["score"] == min(r["score"] for r in rows if r["status"] == "passed")
-    published = json.loads((REPO / searched.published["path"] / "manifest.json").read_text())
-    assert published["candidates"] == rows and published["backend"] == metrics["backend"]
+    folder = REPO / searched.published["path"]
+    published = json.loads((folder / "manifest.json").read_text())
+    untimed = [
+        {k: v for k, v in r.items() if k not in ("latency_ms", "latency_range_ms", "build_seconds")} for r in rows
+    ]
+    assert published["candidates"] == untimed and published["backend"] == metrics["backend"]
     assert published["host"]["kernel_class"] == kernel_class()
+
+
+def test_search_timings_go_to_the_report_with_their_spread_host_and_date(searched):
+    report = json.loads((REPO / searched.published["path"] / "report.json").read_text())["build_speed"]
+    assert report["host"]["kernel_class"] == kernel_class() and report["search"]["measured_at"]
+    timed = {n: t for n, t in report["search"]["candidates"].items() if t["latency_ms"]}
+    assert timed
+    for figures in timed.values():
+        for shape, median in figures["latency_ms"].items():
+            low, high = figures["latency_range_ms"][shape]
+            assert 0 < low <= median <= high
 
 
 def test_choose_prefers_a_slower_passing_candidate_to_a_faster_failing_one():
