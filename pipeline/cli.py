@@ -222,8 +222,18 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
     model = load(artifact)
     if not hasattr(model, "stream"):
         raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
-    # One prompt at a time, so that each one's text streams out whole before the next begins.
+    # One prompt at a time, so that each one's text streams out whole before the next begins. The prompt comes
+    # first (dimmed on a terminal; click drops the style elsewhere), the continuation after it.
+    started = set()
     for event in model.stream(list(prompts), batch_size=1, seed=seed, **settings):
+        if event.index not in started:
+            started.add(event.index)
+            if len(prompts) > 1:
+                click.echo(
+                    ("\n" if event.index else "")
+                    + click.style(f"--- prompt {event.index + 1} of {len(prompts)}", bold=True)
+                )
+            click.echo(click.style(prompts[event.index], dim=True), nl=False)
         click.echo(event.text, nl=False)
         if event.finish_reason:
             click.echo(f"\n[{event.finish_reason}]")

@@ -85,13 +85,20 @@ def test_cli_inspect_refuses_tampered_artifact(artifact_copy):
     assert out.returncode == 7 and "tokenizer.json does not match its sha256" in out.stderr
 
 
-def test_cli_generate_streams_each_prompts_text_then_its_end(published_gpt2):
+def test_cli_generate_shows_each_prompt_then_streams_its_text_then_its_end(published_gpt2):
     from pipeline.runtime import load
 
-    expected = load(published_gpt2).generate(["The cat sat", "How do I"], max_new_tokens=12)
-    out = _cli("generate", str(published_gpt2), "The cat sat", "How do I", "--max-new-tokens", "12")
+    prompts = ["The cat sat", "How do I"]
+    expected = load(published_gpt2).generate(prompts, max_new_tokens=12)
+    out = _cli("generate", str(published_gpt2), *prompts, "--max-new-tokens", "12")
     assert out.returncode == 0, out.stderr
-    assert out.stdout == "".join(f"{c.text}\n[{c.finish_reason}]\n" for c in expected)
+    assert "\x1b[" not in out.stdout  # no styling off a terminal
+    assert out.stdout == "\n".join(
+        f"--- prompt {i + 1} of 2\n{p}{c.text}\n[{c.finish_reason}]\n"
+        for i, (p, c) in enumerate(zip(prompts, expected, strict=True))
+    )
+    single = _cli("generate", str(published_gpt2), "The cat sat", "--max-new-tokens", "12")
+    assert single.stdout == f"The cat sat{expected[0].text}\n[{expected[0].finish_reason}]\n"
 
 
 def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, published_gpt2):
