@@ -96,15 +96,23 @@ def bench_generation(
     speed = generation_speed(runners, prompts, batch_sizes, new_tokens, reps)
     results = {**identity(manifest, real, threads), **speed}
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
+    from pipeline.bench.plot import plot_generation
+
+    plot_generation(results, out / "bench.png", PYTORCH, ARTIFACT)
     results["written_to"] = str(out)
     return results
 
 
 def markdown(results: dict) -> str:
     """The results as a Markdown table, ratios against PyTorch generate."""
+    host = results["host"]
+    versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
     lines = [
-        f"# {results['model_name']} {results['version']} {results['target']} ({results['threads']} threads, "
-        f"{results['new_tokens']} new tokens, median of {results['reps']})",
+        f"# {results['model_name']} {results['version']} {results['target']}",
+        "",
+        f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
+        f"{versions}. {results['new_tokens']} new tokens, {results['prompts']} prompts; each figure is the median "
+        f"[p10, p90] of {results['reps']} rounds alternating between the variants.",
         "",
         "| variant | batch | TTFT ms | decode tokens/s | TTFT vs PyTorch | decode vs PyTorch |",
         "|---|---|---|---|---|---|",
@@ -112,8 +120,9 @@ def markdown(results: dict) -> str:
     for batch, row in results["batches"].items():
         for name, v in row.items():
             ratios = [f"x{v[k]:.2f}" if k in v else "-" for k in ("ttft_speedup", "decode_speedup")]
+            ttft, rate = v["ttft_range_ms"], v["decode_range_tokens_per_s"]
             lines.append(
-                f"| {name} | {batch.removeprefix('batch_')} | {v['ttft_ms']:.2f} | "
-                f"{v['decode_tokens_per_s']:.1f} | {ratios[0]} | {ratios[1]} |"
+                f"| {name} | {batch.removeprefix('batch_')} | {v['ttft_ms']:.2f} [{ttft[0]:.2f}, {ttft[1]:.2f}] | "
+                f"{v['decode_tokens_per_s']:.1f} [{rate[0]:.1f}, {rate[1]:.1f}] | {ratios[0]} | {ratios[1]} |"
             )
     return "\n".join(lines) + "\n"

@@ -5,6 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _title(fig, results: dict) -> None:
+    host = results["host"]
+    fig.suptitle(
+        f"{results['model_name']} {results['version']} {results['target']} on {host['cpu']} "
+        f"({host['kernel_class']}, {results['threads']} threads)"
+    )
+
+
 def plot(results: dict, path: Path) -> None:
     """Left: the artifact's speed-up over each peer at each measured shape, as grouped bars with p10-p90 error bars
     (1.0 = as fast). Right: sequences/s against batch size on linear ticks at the batch sizes run, one panel per
@@ -54,11 +62,62 @@ def plot(results: dict, path: Path) -> None:
         ax.set(title=f"throughput, sequence {seq}", xlabel="batch size", ylabel="sequences/s")
         ax.grid(True, alpha=0.3)
     first.legend(fontsize=8)
-    host = results["host"]
-    fig.suptitle(
-        f"{results['model_name']} {results['version']} {results['target']} on {host['cpu']} "
-        f"({host['kernel_class']}, {results['threads']} threads)"
-    )
+    _title(fig, results)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_generation(results: dict, path: Path, baseline: str, artifact: str) -> None:
+    """A decoder benchmark's picture. Left: the artifact's speed-up over `baseline` in time to first token and in
+    decode tokens/s at each batch size, bars with p10-p90 error bars. Middle and right: decode tokens/s and time to
+    first token against batch size on linear ticks, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    batches = results["batches"]
+    sizes = [int(b.removeprefix("batch_")) for b in batches]
+    variants = list(next(iter(batches.values())))
+    fig, (bars, decode, first) = plt.subplots(1, 3, figsize=(16, 5.5))
+    if baseline in variants:
+        for i, (label, key, ranges, faster) in enumerate([
+            ("time to first token", "ttft_ms", "ttft_range_ms", "lower"),
+            ("decode tokens/s", "decode_tokens_per_s", "decode_range_tokens_per_s", "higher"),
+        ]):  # fmt: skip
+            mids, lows, highs = [], [], []
+            for row in batches.values():
+                mine, base = row[artifact], row[baseline]
+                ratio = (lambda a, b: b / a) if faster == "lower" else (lambda a, b: a / b)
+                mid = ratio(mine[key], base[key])
+                spread = [ratio(m, b) for m in mine[ranges] for b in base[ranges]]
+                mids.append(mid)
+                lows.append(max(mid - min(spread), 0))
+                highs.append(max(max(spread) - mid, 0))
+            x = np.arange(len(sizes)) + (i - 0.5) * 0.4
+            bars.bar(x, mids, 0.4, yerr=[lows, highs], capsize=3, label=label)
+        bars.axhline(1.0, color="black", linewidth=0.8)
+        bars.set_xticks(range(len(sizes)), [f"batch {s}" for s in sizes])
+        bars.legend(fontsize=8)
+    bars.set(ylabel="artifact speed-up (x, higher is faster)", title=f"speed-up over {baseline}")
+    for ax, key, ranges, label in [
+        (decode, "decode_tokens_per_s", "decode_range_tokens_per_s", "decode tokens/s"),
+        (first, "ttft_ms", "ttft_range_ms", "time to first token, ms"),
+    ]:  # fmt: skip
+        for variant in variants:
+            values = [row[variant][key] for row in batches.values()]
+            low = [v - row[variant][ranges][0] for v, row in zip(values, batches.values(), strict=True)]
+            high = [row[variant][ranges][1] - v for v, row in zip(values, batches.values(), strict=True)]
+            style = {"linewidth": 2.5, "color": "black"} if variant == artifact else {}
+            ax.errorbar(sizes, values, yerr=[np.maximum(low, 0), np.maximum(high, 0)], marker="o", capsize=3,
+                        label=variant, **style)  # fmt: skip
+        ax.set_xticks(sizes)
+        ax.set(title=label, xlabel="batch size", ylabel=label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    _title(fig, results)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

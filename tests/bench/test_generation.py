@@ -14,7 +14,10 @@ def test_bench_generation_writes_ttft_and_decode_rates_with_ratios(published_gpt
         assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"]
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["batches"] == results["batches"] and saved["new_tokens"] == 6
-    assert "| artifact | 3 |" in (tmp_path / "bench.md").read_text()
+    text = (tmp_path / "bench.md").read_text()
+    assert "| artifact | 3 |" in text and "Host: " in text and "median [p10, p90]" in text
+    png = (tmp_path / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000  # three panels, not an empty figure
 
 
 def test_generation_speed_runs_every_runner_the_same_number_of_tokens(tmp_path):
