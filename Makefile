@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TRITON_VENV := .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
 TARGET ?= native
 MODEL ?=
 NAME ?=
@@ -12,7 +14,7 @@ CALIBRATION ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
@@ -33,7 +35,7 @@ bench-calibration: build
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
 
-test: $(STAMP)
+test: $(STAMP) $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -50,7 +52,16 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[build,dev]'
+	$(BIN)/python -m pip install -q -e '.[build,dev,serve]'
+	touch $@
+
+# The runtime with a local Triton server (nvidia-pytriton), in its own environment because nvidia-pytriton pins
+# numpy<2; the exported Python-backend models run in it too.
+triton-env: $(TRITON_STAMP)
+$(TRITON_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q -e '.[triton]'
 	touch $@
 
 clean:

@@ -300,3 +300,33 @@ def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:  # fmt: skip
     artifacts = artifacts_dir or REPO / "artifacts"
     cache = cache_dir or REPO / ".cache" / "stages"
     click.echo(describe(collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run), dry_run))
+
+
+@main.group(name="export")
+def export_group() -> None:
+    """Hand an artifact to a serving engine's format."""
+
+
+@export_group.command(name="triton")
+@click.argument("artifact")
+@click.argument("out_dir")
+@click.option("--name", default=None, help="the graph model's name in the repository (default: the artifact's)")
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    type=click.Choice(["graph", "ensemble", "python"]),
+    help="what to write (repeatable; default: all the artifact's kind takes)",
+)
+@click.option(
+    "--python-env",
+    default=None,
+    help="Python environment (with `pipeline` installed) for the Python-backend models (default: Triton's)",
+)
+def export_triton(artifact, out_dir, name, variants, python_env) -> None:  # fmt: skip
+    """Write a Triton Inference Server model repository for ARTIFACT into OUT_DIR, each config.pbtxt checked
+    against Triton's schema."""
+    from pipeline.serving.triton import repository_from_artifact
+
+    for path in repository_from_artifact(artifact, out_dir, name, tuple(variants) or None, python_env):
+        click.echo(f"wrote {path}")

@@ -64,3 +64,10 @@ class CacheError(PipelineError):
     """The stage cache folder cannot be read or written (full disk, read-only folder)."""
 
     exit_code = 10
+
+
+class ServingError(PipelineError):
+    """An artifact cannot be handed to a serving engine: a kind it does not take, a port in use, a cluster that
+    cannot be reached, a server that did not become ready."""
+
+    exit_code = 11

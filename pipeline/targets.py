@@ -149,6 +149,17 @@ class TensorRT:
 
 
 @dataclasses.dataclass(frozen=True)
+class Serving:
+    """How a serving engine batches this target's requests: Triton's dynamic batcher (`pipeline export triton`)
+    and Ray Serve's @serve.batch (`pipeline serve`). max_batch_size 0 means the target's [shapes] batch_size."""
+
+    max_batch_size: int = 0
+    preferred_batch_sizes: tuple[int, ...] = (8, 32)
+    max_queue_delay_us: int = 2000
+    instances: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Candidate:
     """One recipe the engine search builds, scores on the development split and times on the build host:
     an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
@@ -181,6 +192,7 @@ class Target:
     accuracy: Accuracy = Accuracy()
     generation: Generation = Generation()
     tensorrt: TensorRT = TensorRT()
+    serving: Serving = Serving()
     # The CPU kernel class the target is for: where the build host's class differs, its measurements are not the
     # target's, and the build says so.
     kernel_class: str = "any"
@@ -245,6 +257,10 @@ _RANGES = {
     ("tensorrt", "max_sequence"): (0, None),
     ("tensorrt", "workspace_mb"): (1, None),
     ("tensorrt", "builder_optimization_level"): (0, 5),
+    ("serving", "max_batch_size"): (0, 4096),
+    ("serving", "preferred_batch_sizes"): (1, 4096),
+    ("serving", "max_queue_delay_us"): (0, 10_000_000),
+    ("serving", "instances"): (1, 64),
 }
 
 

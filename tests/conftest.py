@@ -34,13 +34,15 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     return make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-gpt2", "gpt2")
 
 
-def _publish(checkpoint: Path, texts_file: Path, calibration: Path, root: Path) -> Path:
-    """Build `checkpoint` for cpu-avx2-dynamic into `root`/artifacts (stage cache in `root`/cache), calibrated on
+def _publish(
+    checkpoint: Path, texts_file: Path, calibration: Path, root: Path, target: str = "cpu-avx2-dynamic"
+) -> Path:
+    """Build `checkpoint` for `target` into `root`/artifacts (stage cache in `root`/cache), calibrated on
     other text than it is validated on; the artifact's path."""
     from pipeline.build import build
 
     manifest = build(
-        checkpoint, "cpu-avx2-dynamic", artifacts_dir=root / "artifacts", cache_dir=root / "cache",
+        checkpoint, target, artifacts_dir=root / "artifacts", cache_dir=root / "cache",
         validation=texts_file, calibration=calibration,
     )  # fmt: skip
     return Path(manifest.published["path"])
@@ -124,6 +126,12 @@ def build_dirs(tmp_path) -> dict:
 def published(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
     """One artifact of the tiny BERT, built once per session. Copy it before changing it."""
     return _publish(tiny_bert, texts_file, calibration_file, tmp_path_factory.mktemp("published"))
+
+
+@pytest.fixture(scope="session")
+def published_fp32(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
+    """The tiny BERT built for cpu-fp32: deterministic per text, whatever shares its batch."""
+    return _publish(tiny_bert, texts_file, calibration_file, tmp_path_factory.mktemp("published-fp32"), "cpu-fp32")
 
 
 @pytest.fixture

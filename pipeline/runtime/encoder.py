@@ -25,28 +25,17 @@ def length_buckets(lengths: list[int], batch_size: int, bucketing: bool = True) 
     return batches
 
 
-class Model:
-    """A loaded encoder: a tokenizer and a session of one backend (ONNX Runtime, OpenVINO or TensorRT), with the
-    task's input and output handling."""
+class EncoderInputs:
+    """Text to an encoder graph's padded int64 inputs: the artifact's tokenizer, its overlong policy and padding.
+    Used by `Model` and by the tokenizer step of an exported Triton ensemble."""
 
-    def __init__(self, session, tokenizer_path: Path, spec: dict, backend: str = "onnxruntime"):
-        import numpy as np
-
-        self._np = np
+    def __init__(self, tokenizer_path: Path, spec: dict, input_names: list[str]):
         self.spec = spec
-        self.task = spec["task"]
         self.max_length = int(spec["max_length"])
-        self.batch_size = int(spec["batch_size"])
+        self.input_names = list(input_names)
         self.tokenizer = open_tokenizer(tokenizer_path)
         if spec["overlong"] == "truncate":
             self.tokenizer.enable_truncation(self.max_length)
-        self.session = session
-        self.backend = backend
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_name = spec["output"]
-        outputs = [o.name for o in self.session.get_outputs()]
-        if self.output_name not in outputs:
-            raise ArtifactError(f"the manifest's model.output {self.output_name!r} is not a graph output: {outputs}")
 
     def encode(self, texts) -> list:
         """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
@@ -62,7 +51,8 @@ class Model:
 
     def feeds(self, encodings) -> dict:
         """Padded numpy inputs for a list of encodings, keyed by the graph's input names."""
-        np = self._np
+        import numpy as np
+
         width = max(len(e.ids) for e in encodings)
         pad_id = int(self.spec["pad_id"])
         ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
@@ -75,6 +65,37 @@ class Model:
             types[row, :n] = enc.type_ids
         arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {name: arrays[name] for name in self.input_names}
+
+
+class Model:
+    """A loaded encoder: a tokenizer and a session of one backend (ONNX Runtime, OpenVINO or TensorRT), with the
+    task's input and output handling."""
+
+    def __init__(self, session, tokenizer_path: Path, spec: dict, backend: str = "onnxruntime"):
+        import numpy as np
+
+        self._np = np
+        self.spec = spec
+        self.task = spec["task"]
+        self.max_length = int(spec["max_length"])
+        self.batch_size = int(spec["batch_size"])
+        self.session = session
+        self.backend = backend
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.inputs = EncoderInputs(tokenizer_path, spec, self.input_names)
+        self.tokenizer = self.inputs.tokenizer
+        self.output_name = spec["output"]
+        outputs = [o.name for o in self.session.get_outputs()]
+        if self.output_name not in outputs:
+            raise ArtifactError(f"the manifest's model.output {self.output_name!r} is not a graph output: {outputs}")
+
+    def encode(self, texts) -> list:
+        """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
+        return self.inputs.encode(texts)
+
+    def feeds(self, encodings) -> dict:
+        """Padded numpy inputs for a list of encodings, keyed by the graph's input names."""
+        return self.inputs.feeds(encodings)
 
     def batches(self, lengths: list[int], batch_size: int, bucketing: bool = True) -> list[list[int]]:
         """Indices of each batch to run (see `length_buckets`)."""

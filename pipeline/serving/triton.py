@@ -1,0 +1,253 @@
+"""Triton Inference Server model repositories from published artifacts (`pipeline export triton ARTIFACT OUT`).
+
+    OUT/<name>/            the graph on Triton's own engine: platform onnxruntime_onnx (ONNX Runtime artifacts),
+                           tensorrt_plan with one plan per compute capability (cc_model_filenames, from the
+                           artifact's engine cache), or backend openvino
+    OUT/<name>_tokenizer/  Python backend: TEXT -> the graph's int64 inputs, with the artifact's tokenizer
+    OUT/<name>_ensemble/   TEXT in, the graph's output out: tokenizer, then graph; what clients call
+    OUT/<name>_python/     Python backend that runs the whole artifact (copied to 1/<model>/<version>/<target>,
+                           verified at load) through pipeline.runtime.load
+
+Encoders (feature-extraction, sequence-classification) get all four; decoders get the Python-backend model only
+(a generation loop is not an ensemble). Every config.pbtxt is built from a dict checked against Triton's schema
+(`tritonclient`'s model_config_pb2, which fails on any unknown field) and parsed back from the written file.
+The Python-backend models need `pipeline` (the thin runtime) in the Python environment Triton runs them with:
+`--python-env` names one (Triton's EXECUTION_ENV_PATH), else Triton's own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.errors import ArtifactError, InputError, ServingError
+from pipeline.runtime.artifact import MANIFEST_NAME, verify_artifact
+from pipeline.runtime.engine_cache import engine_cache_dir
+
+MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
+ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
+VARIANTS = ("graph", "ensemble", "python")
+GRAPH_PLATFORMS = {"onnxruntime": {"platform": "onnxruntime_onnx"}, "openvino": {"backend": "openvino"},
+                   "tensorrt": {"platform": "tensorrt_plan"}}  # fmt: skip
+
+
+def model_config_class():
+    """Triton's ModelConfig protobuf class (from tritonclient), or a ServingError saying how to get it."""
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        raise ServingError(
+            "checking config.pbtxt against Triton's schema needs tritonclient; pip install 'tritonclient[grpc]'"
+        ) from None
+    return model_config_pb2.ModelConfig
+
+
+def config_text(config: dict) -> str:
+    """A config.pbtxt for `config`, a dict in the protobuf's JSON form; an unknown field or value is an error."""
+    from google.protobuf import json_format, text_format
+
+    try:
+        message = json_format.ParseDict(config, model_config_class()())
+    except json_format.ParseError as err:
+        raise ServingError(f"config of {config.get('name')!r} does not fit Triton's schema: {err}") from None
+    return text_format.MessageToString(message)
+
+
+def check_config(path: Path):
+    """Parse a written config.pbtxt with Triton's schema; returns the message, or a ServingError naming the field."""
+    from google.protobuf import text_format
+
+    try:
+        return text_format.Parse(Path(path).read_text(), model_config_class()())
+    except text_format.ParseError as err:
+        raise ServingError(f"{path} does not fit Triton's model config schema: {err}") from None
+
+
+def _batching(serving: dict, max_batch: int) -> dict:
+    sizes = [s for s in serving["preferred_batch_sizes"] if s <= max_batch] or [max_batch]
+    return {"preferred_batch_size": sizes, "max_queue_delay_microseconds": serving["max_queue_delay_us"]}
+
+
+def _serving(manifest: dict) -> tuple[dict, int]:
+    defaults = {"max_batch_size": 0, "preferred_batch_sizes": [8, 32], "max_queue_delay_us": 2000, "instances": 1}
+    serving = {**defaults, **manifest["target_spec"].get("serving", {})}
+    return serving, int(serving["max_batch_size"] or manifest["model"]["batch_size"])
+
+
+def _common(name: str, manifest: dict, kind: str) -> dict:
+    serving, max_batch = _serving(manifest)
+    return {
+        "name": name,
+        "max_batch_size": max_batch,
+        "dynamic_batching": _batching(serving, max_batch),
+        "instance_group": [{"kind": kind, "count": serving["instances"]}],
+    }
+
+
+def _write(folder: Path, config: dict) -> Path:
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    path = folder / "config.pbtxt"
+    path.write_text(config_text(config))
+    check_config(path)
+    return path
+
+
+def _output_dims(artifact: Path) -> list[int]:
+    """The per-row shape of the artifact's output, from one probe run through the runtime."""
+    from pipeline.runtime import load
+
+    return list(load(artifact).run(["probe"]).shape[1:])
+
+
+def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
+    """Copy the graph (or the cached TensorRT plans) into `folder`/1; returns the config fields naming them."""
+    backend = manifest["backend"]
+    if backend != "tensorrt":
+        names = [manifest["graph"]] + ([Path(manifest["graph"]).with_suffix(".bin").name]
+                                       if manifest["graph"].endswith(".xml") else [])  # fmt: skip
+        for name in names:
+            shutil.copyfile(artifact / name, folder / "1" / name)
+        return {"default_model_filename": manifest["graph"]}
+    plans = {}
+    cache = engine_cache_dir(artifact, manifest)
+    for record_path in sorted(cache.glob("*.json")) if cache.is_dir() else ():
+        record = json.loads(record_path.read_text())
+        if (
+            record.get("graph") == manifest["graph"]
+            and record.get("graph_sha256") == manifest["files"][record["graph"]]
+        ):
+            shutil.copyfile(cache / f"{record['name']}.plan", folder / "1" / f"{record['name']}.plan")
+            plans[record["compute_capability"]] = f"{record['name']}.plan"
+    if not plans:
+        raise ServingError(
+            f"{artifact} is a TensorRT artifact with no engine in its cache {cache}; build one on each GPU kind with "
+            "`pipeline engine ARTIFACT`, then export again"
+        )
+    return {"cc_model_filenames": plans, "default_model_filename": next(iter(plans.values()))}
+
+
+def _graph_model(artifact: Path, manifest: dict, name: str, out: Path, dims: list[int]) -> Path:
+    folder = out / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    backend = manifest["backend"]
+    kind = "KIND_GPU" if backend == "tensorrt" else "KIND_CPU"
+    config = {**_common(name, manifest, kind), **GRAPH_PLATFORMS[backend], **_graph_files(artifact, manifest, folder)}
+    config["input"] = [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in manifest["model"]["inputs"]]
+    config["output"] = [{"name": manifest["model"]["output"], "data_type": "TYPE_FP32", "dims": dims}]
+    threads = manifest["session"].get("intra_op_threads") or 0
+    if backend == "onnxruntime" and threads:
+        config["parameters"] = {"intra_op_thread_count": {"string_value": str(threads)}}
+    return _write(folder, config)
+
+
+def _python_model(name: str, manifest: dict, out: Path, source: str, python_env: str | None, io: dict) -> Path:
+    folder = out / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(MODELS_DIR / source, folder / "1" / "model.py")
+    config = {**_common(name, manifest, "KIND_CPU"), "backend": "python", **io}
+    if python_env:
+        config["parameters"] = {"EXECUTION_ENV_PATH": {"string_value": str(Path(python_env).resolve())}}
+    return _write(folder, config)
+
+
+def _text_input() -> list[dict]:
+    return [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}]
+
+
+def _tokenizer_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None) -> Path:
+    inputs = manifest["model"]["inputs"]
+    io = {"input": _text_input(), "output": [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in inputs]}
+    path = _python_model(name, manifest, out, "tokenizer_model.py", python_env, io)
+    shutil.copyfile(artifact / "tokenizer.json", out / name / "1" / "tokenizer.json")
+    (out / name / "1" / "spec.json").write_text(json.dumps(manifest["model"], indent=1, sort_keys=True))
+    return path
+
+
+def _ensemble(manifest: dict, name: str, graph: str, tokenizer: str, out: Path, dims: list[int]) -> Path:
+    _, max_batch = _serving(manifest)
+    inputs, output = manifest["model"]["inputs"], manifest["model"]["output"]
+    public = ENCODER_OUTPUTS[manifest["model"]["task"]]
+    config = {
+        "name": name,
+        "platform": "ensemble",
+        "max_batch_size": max_batch,
+        "input": _text_input(),
+        "output": [{"name": public, "data_type": "TYPE_FP32", "dims": dims}],
+        "ensemble_scheduling": {
+            "step": [
+                {"model_name": tokenizer, "model_version": -1, "input_map": {"TEXT": "TEXT"},
+                 "output_map": {n: f"_{n}" for n in inputs}},
+                {"model_name": graph, "model_version": -1, "input_map": {n: f"_{n}" for n in inputs},
+                 "output_map": {output: public}},
+            ]
+        },
+    }  # fmt: skip
+    return _write(out / name, config)
+
+
+def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None, dims) -> Path:
+    task = manifest["model"]["task"]
+    if task == "text-generation":
+        output = {"name": "TEXT_OUT", "data_type": "TYPE_STRING", "dims": [1]}
+    else:
+        output = {"name": ENCODER_OUTPUTS[task], "data_type": "TYPE_FP32", "dims": dims}
+    path = _python_model(name, manifest, out, "runtime_model.py", python_env, {"input": _text_input(),
+                                                                               "output": [output]})  # fmt: skip
+    # The artifact keeps its <model>/<version>/<target> folders: load() checks that its manifest sits in them.
+    target = out / name / "1" / manifest["model_name"] / manifest["version"] / manifest["target"]
+    target.mkdir(parents=True)
+    for file in [MANIFEST_NAME, *manifest["files"]]:
+        shutil.copyfile(artifact / file, target / file)
+    return path
+
+
+def check_kind(manifest: dict, variants: tuple[str, ...]) -> None:
+    """Refuse, in one line, an artifact kind or variant this export does not take."""
+    task = manifest["model"]["task"]
+    if task not in (*ENCODER_OUTPUTS, "text-generation"):
+        raise ServingError(
+            f"Triton export takes feature-extraction, sequence-classification and text-generation artifacts; this "
+            f"one is {task} (its per-token output is ragged); serve it with `pipeline serve` instead"
+        )
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise InputError(f"unknown Triton variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    if task == "text-generation" and set(variants) - {"python"}:
+        raise ServingError(
+            "a text-generation artifact exports only as the python variant (its generation loop is not a Triton "
+            "ensemble); pass --variant python"
+        )
+
+
+def repository_from_artifact(artifact, out_dir, name: str | None = None, variants: tuple[str, ...] | None = None,
+                             python_env: str | None = None) -> list[Path]:  # fmt: skip
+    """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty); returns the
+    config.pbtxt paths written. `variants`: graph, ensemble, python (default: all the artifact's kind takes)."""
+    artifact = Path(artifact)
+    manifest = verify_artifact(artifact)
+    artifact = artifact.resolve()
+    task = manifest["model"]["task"]
+    variants = tuple(variants or (("python",) if task == "text-generation" else VARIANTS))
+    check_kind(manifest, variants)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
+    name = name or manifest["model_name"].replace(".", "_")
+    dims = [] if task == "text-generation" else _output_dims(artifact)
+    written = []
+    try:
+        if "graph" in variants or "ensemble" in variants:
+            written.append(_graph_model(artifact, manifest, name, out, dims))
+        if "ensemble" in variants:
+            written.append(_tokenizer_model(artifact, manifest, f"{name}_tokenizer", out, python_env))
+            written.append(_ensemble(manifest, f"{name}_ensemble", name, f"{name}_tokenizer", out, dims))
+        if "python" in variants:
+            written.append(_runtime_model(artifact, manifest, f"{name}_python", out, python_env, dims))
+    except OSError as err:
+        shutil.rmtree(out, ignore_errors=True)
+        raise ArtifactError(f"writing the Triton repository {out} failed: {err.strerror or err}") from None
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return written

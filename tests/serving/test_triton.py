@@ -1,0 +1,123 @@
+import json
+import os
+import socket
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pipeline.errors import InputError, ServingError
+from pipeline.runtime import load, verify_artifact
+from pipeline.serving.triton import check_config, check_kind, config_text, repository_from_artifact
+from pipeline.serving.triton_server import LocalTriton
+
+from ..conftest import REPO, SMALL_TEXTS
+
+pytest.importorskip("tritonclient.grpc", reason="the Triton schema check needs tritonclient (the dev extra)")
+import tritonclient.http as triton_http  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+TRITON_ENV = REPO / ".venv-triton"
+needs_server = pytest.mark.skipif(
+    not (TRITON_ENV / ".installed").exists(),
+    reason="no .venv-triton with nvidia-pytriton's tritonserver: make triton-env",
+)
+
+
+def test_export_writes_a_repository_whose_configs_fit_triton_schema(published, tmp_path):
+    written = repository_from_artifact(published, tmp_path / "repo", python_env=str(TRITON_ENV))
+    configs = {path.parent.name: check_config(path) for path in written}
+    assert set(configs) == {"tiny-bert", "tiny-bert_tokenizer", "tiny-bert_ensemble", "tiny-bert_python"}
+    manifest = verify_artifact(published)
+    graph = configs["tiny-bert"]
+    assert graph.platform == "onnxruntime_onnx" and graph.max_batch_size == manifest["model"]["batch_size"]
+    assert (tmp_path / "repo" / "tiny-bert" / "1" / "model.onnx").read_bytes() == (
+        published / "model.onnx"
+    ).read_bytes()
+    assert [i.name for i in graph.input] == manifest["model"]["inputs"]
+    assert list(graph.output[0].dims) == [load(published).run(["x"]).shape[1]]
+    assert (
+        list(graph.dynamic_batching.preferred_batch_size) == [8, 32]
+        and graph.instance_group[0].kind == graph.instance_group[0].KIND_CPU
+    )
+    steps = configs["tiny-bert_ensemble"].ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["tiny-bert_tokenizer", "tiny-bert"]
+    assert dict(steps[0].output_map) == {n: v for n, v in dict(steps[1].input_map).items()}  # wired through
+    python = configs["tiny-bert_python"]
+    assert python.backend == "python" and python.parameters["EXECUTION_ENV_PATH"].string_value == str(TRITON_ENV)
+    copied = tmp_path / "repo" / "tiny-bert_python" / "1" / "tiny-bert" / manifest["version"] / manifest["target"]
+    assert np.allclose(load(copied).run(SMALL_TEXTS), load(published).run(SMALL_TEXTS))
+
+
+def test_schema_check_fails_on_an_unknown_field(tmp_path):
+    with pytest.raises(ServingError, match="max_batch_sizes"):
+        config_text({"name": "m", "backend": "python", "max_batch_sizes": 4})
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nbackend: "python"\ninstance_group { kind: KIND_TPU }\n')
+    with pytest.raises(ServingError, match="KIND_TPU"):
+        check_config(path)
+
+
+def test_export_refuses_an_unsupported_kind_a_decoder_ensemble_and_a_full_folder(published, published_gpt2, tmp_path):
+    manifest = verify_artifact(published)
+    tagger = {**manifest, "model": {**manifest["model"], "task": "token-classification"}}
+    with pytest.raises(ServingError, match="this one is token-classification") as err:
+        check_kind(tagger, ("graph",))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ServingError, match="pass --variant python"):
+        repository_from_artifact(published_gpt2, tmp_path / "gen", variants=("ensemble",))
+    assert not (tmp_path / "gen").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match="is not empty"):
+        repository_from_artifact(published, tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def _infer(url: str, model: str, texts: list[str], output: str) -> np.ndarray:
+    client = triton_http.InferenceServerClient(url.removeprefix("http://"))  # one per thread: it is not thread-safe
+    text = triton_http.InferInput("TEXT", [len(texts), 1], "BYTES")
+    text.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=np.object_))
+    return client.infer(model, [text]).as_numpy(output)
+
+
+@needs_server
+def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_fp32, tmp_path):
+    # fp32: each answer is independent of what Triton batched it with (dynamic int8's is not, by design).
+    repository_from_artifact(published_fp32, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))
+    texts = [f"{SMALL_TEXTS[i % len(SMALL_TEXTS)]} {i}" for i in range(64)]
+    expected = load(published_fp32).run(texts)
+    got: dict[int, np.ndarray] = {}
+
+    def client(first: int) -> None:
+        for i in range(first, len(texts), 32):
+            got[i] = _infer(server.url, "tiny-bert_python", [texts[i]], "EMBEDDING")[0]
+
+    with LocalTriton(tmp_path / "repo", TRITON_ENV) as server:
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(32)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        np.testing.assert_allclose(np.stack([got[i] for i in range(len(texts))]), expected, atol=1e-5)
+        with pytest.raises(InferenceServerException) as err:
+            _infer(server.url, "tiny-bert_python", [""], "EMBEDDING")
+        assert err.value.status() == "400" and "non-empty" in err.value.message()
+        assert _infer(server.url, "tiny-bert_python", [texts[0]], "EMBEDDING").shape == expected[:1].shape
+        with urllib.request.urlopen(f"{server.url}/v2/models/tiny-bert_python/stats") as answer:
+            stats = json.load(answer)["model_stats"][0]
+        assert max(b["batch_size"] for b in stats["batch_stats"]) > 1  # Triton's dynamic batcher formed batches
+        assert stats["execution_count"] < stats["inference_count"]
+        pid = server.process.pid
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped by its pid
+
+
+def test_triton_refuses_a_port_in_use(published, tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ServingError, match=f"port {port} on 127.0.0.1 is in use"):
+            LocalTriton(tmp_path, TRITON_ENV, http_port=port)
