@@ -330,3 +330,16 @@ def export_triton(artifact, out_dir, name, variants, python_env) -> None:  # fmt
 
     for path in repository_from_artifact(artifact, out_dir, name, tuple(variants) or None, python_env):
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("artifact")
+@click.option("--replicas", type=int, default=1, show_default=True, help="replicas, each loading the artifact once")
+@click.option("--address", default=None, help="an existing Ray cluster (ray://host:10001); default: a local one")
+@click.option("--port", type=int, default=8000, show_default=True, help="HTTP port on 127.0.0.1")
+@click.option("--threads", type=int, default=None, help="session threads per replica (default: CPUs // replicas)")
+def serve(artifact, replicas, address, port, threads) -> None:
+    """Serve ARTIFACT over HTTP as a Ray Serve application: POST {"texts": [...]} to it."""
+    from pipeline.serving.ray_serve import serve_forever
+
+    serve_forever(artifact, replicas=replicas, address=address, port=port, threads=threads)
