@@ -1,6 +1,7 @@
 """Benchmarks: the compared variants side by side in one process, alternating run by run.
 
-encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact; bucketing, Batcher
+encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact; bucketing
+serving.py      direct calls, the Batcher, Triton and Ray Serve at 1, 8 and 32 concurrent callers
 generation.py   decoders: time to first token and decode tokens/s against transformers' generate
 calibration.py  peak memory of static calibration
 plot.py, common.py
@@ -23,7 +24,8 @@ def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None
         return bench_generation(artifact, out_dir, baseline=baseline, **settings)
     from pipeline.bench.encoder import bench
 
-    settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "min_rounds": 3, "max_rounds": 10} if quick else {}
+    settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "min_rounds": 3, "max_rounds": 10, "servers": False}
+    settings = settings if quick else {}
     return bench(artifact, cache_dir, out_dir, baseline=baseline, **settings)
 
 

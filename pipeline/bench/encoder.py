@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench import serving
 from pipeline.bench.common import bench_folder, identity, percentile, time_alternating, time_until_stable, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
@@ -46,39 +46,6 @@ def token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
     ids = np.asarray(rows, dtype=np.int64)
     arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     return {name: arrays[name] for name in model.input_names}
-
-
-def _concurrency(model: Model, texts: list[str], callers: int, per_caller: int) -> dict:
-    from pipeline.runtime.batcher import Batcher
-
-    def drive(call) -> float:
-        barrier = threading.Barrier(callers + 1)
-
-        def caller(offset: int) -> None:
-            barrier.wait()
-            for i in range(per_caller):
-                call(texts[(offset * per_caller + i) % len(texts)])
-
-        threads = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
-        for thread in threads:
-            thread.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        return time.perf_counter() - t0
-
-    direct = drive(lambda text: model.run([text]))
-    with Batcher(model, max_batch_size=32, max_wait_ms=2) as batcher:
-        batched = drive(batcher)
-    requests = callers * per_caller
-    return {
-        "callers": callers,
-        "requests": requests,
-        "direct_requests_per_s": requests / direct,
-        "batcher_requests_per_s": requests / batched,
-        "batcher_gain": direct / batched,
-    }
 
 
 def _bucketing(model: Model, texts: list[str], reps: int) -> dict:
@@ -224,6 +191,8 @@ def bench(
     baseline: str | None = "pytorch",
     min_rounds: int = 7,
     max_rounds: int = 40,
+    servers: bool = True,
+    serving_seconds: float = 4.0,
 ) -> dict:
     """Benchmark an artifact against its peers, alternating round by round until each median's p10-p90 spread is
     within 10% (else the row is marked noisy); returns the results and writes them to `out_dir`."""
@@ -251,7 +220,7 @@ def bench(
         "variants": loads, "missing_variants": missing, "accuracy_cosine_min": accuracy, "accuracy_gate": gate,
         "grid": grid,
         "bucketing": _bucketing(shipped, texts, min_rounds),
-        "concurrency": _concurrency(shipped, texts, callers=32, per_caller=8),
+        "concurrency": serving.concurrency(shipped, real, texts, seconds=serving_seconds, servers=servers),
         "tokenization": _tokenization_share(shipped, texts, min_rounds),
         "process_peak_rss_mb": psutil.Process().memory_info().rss / 2**20,
     }  # fmt: skip
@@ -309,12 +278,11 @@ def markdown(results: dict) -> str:
         "",
         f"- Bucketing, {b['texts']} mixed-length texts: padded {b['padded_ms']:.1f} ms, bucketed "
         f"{b['bucketed_ms']:.1f} ms: x{b['bucketing_gain']:.2f}",
-        f"- {c['callers']} concurrent callers, {c['requests']} requests: direct {c['direct_requests_per_s']:.0f}/s, "
-        f"Batcher {c['batcher_requests_per_s']:.0f}/s: x{c['batcher_gain']:.2f}",
         f"- Tokenization of {t['batch']} texts: {t['tokenize_ms']:.2f} ms of {t['end_to_end_ms']:.2f} ms "
         f"end to end ({t['share']:.1%})",
         f"- Process peak RSS {results['process_peak_rss_mb']:.0f} MB",
     ]
+    lines += ["", *serving.markdown(c)]
     if results["missing_variants"]:
         lines.append(f"- Not in the stage cache, so not measured: {', '.join(results['missing_variants'])}")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from pipeline.bench.encoder import bench
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
     cache = published.parent.parent.parent.parent / "cache"
     results = bench(published, cache_dir=cache, out_dir=tmp_path, batch_sizes=(1, 2), seq_lens=(8, 16, 4096),
-                    min_rounds=2, max_rounds=3)  # fmt: skip
+                    min_rounds=2, max_rounds=3, servers=False, serving_seconds=0.3)  # fmt: skip
     variants = {row["variant"] for row in results["grid"]}
     assert variants == {"pytorch-fp32", "pytorch-bf16", "openvino-default", "onnx-unoptimized",
                         "onnx-fp32-optimized", "artifact"}  # fmt: skip
@@ -23,14 +23,19 @@ def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
     assert saved["grid"] == results["grid"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "bench.md").read_text()
-    assert "| artifact | 2 | 16 |" in table and "Bucketing" in table and "Batcher" in table and "Host:" in table
+    assert (
+        "| artifact | 2 | 16 |" in table and "Bucketing" in table and "| batcher | 32 |" in table and "Host:" in table
+    )
     assert 0 < results["tokenization"]["share"] < 1
-    assert results["concurrency"]["requests"] == 256
+    rows = results["concurrency"]["rows"]
+    assert [(r["variant"], r["callers"]) for r in rows] == [(v, n) for v in ("direct", "batcher") for n in (1, 8, 32)]
+    assert all(r["requests"] > 0 and r["errors"] == 0 and r["p50_ms"] <= r["p99_ms"] for r in rows)
 
 
 def test_bench_without_cache_measures_what_it_has(published, tmp_path):
     results = bench(published, cache_dir=tmp_path / "empty", out_dir=tmp_path, baseline=None,
-                    batch_sizes=(1,), seq_lens=(8,), min_rounds=2, max_rounds=2)  # fmt: skip
+                    batch_sizes=(1,), seq_lens=(8,), min_rounds=2, max_rounds=2, servers=False,
+                    serving_seconds=0.3)  # fmt: skip
     assert results["missing_variants"] == ["onnx-unoptimized", "onnx-fp32-optimized"]
     assert {row["variant"] for row in results["grid"]} == {"artifact"}
     assert "Not in the stage cache" in (tmp_path / "bench.md").read_text()
