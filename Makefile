@@ -1,5 +1,6 @@
 # make build [TARGET=native|cpu-avx2|cpu-avx512|cpu-amx|...] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
 # make test | make lint | make bench (builds first if needed)
+# make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 PYTHON ?= python3
 VENV := .venv
