@@ -21,6 +21,9 @@ CHECKS = {
     "max_probability_diff": ("max_probability_diff", False),
     "max_abs_diff": ("max_abs_diff", False),
     "greedy_match": ("greedy_match", True),
+    "greedy_prefix_agreement": ("greedy_prefix_agreement", True),
+    "teacher_top1_agreement": ("teacher_top1_agreement", True),
+    "perplexity_ratio": ("perplexity_ratio", False),
 }
 
 
@@ -48,6 +51,28 @@ def greedy_stats(reference: list, candidate: list) -> dict:
     return {"greedy_match": float(np.mean(exact)), "greedy_prefix_agreement": float(np.mean(prefix))}
 
 
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def teacher_forced_stats(reference: dict, candidate: list[np.ndarray]) -> dict:
+    """Behaviour along held-out continuations (reference: `teacher_forced`'s prompts, continuations and logits):
+    the share of positions where the candidate's top token is the reference's, and the candidate's perplexity on
+    the true next tokens over the reference's (1.0: as sure of the real text as PyTorch)."""
+    agree, nll_reference, nll_candidate = [], [], []
+    for ref, cand, tokens in zip(reference["logits"], candidate, reference["continuations"], strict=True):
+        ref, cand = np.asarray(ref, dtype=np.float64), np.asarray(cand, dtype=np.float64)
+        rows = np.arange(len(tokens))
+        agree.append(ref.argmax(-1) == cand.argmax(-1))
+        nll_reference.append(-_log_softmax(ref)[rows, tokens])
+        nll_candidate.append(-_log_softmax(cand)[rows, tokens])
+    if not agree:
+        return {}
+    gap = np.concatenate(nll_candidate).mean() - np.concatenate(nll_reference).mean()
+    return {"teacher_top1_agreement": float(np.concatenate(agree).mean()), "perplexity_ratio": float(np.exp(gap))}
+
+
 def _embedding_stats(reference: np.ndarray, candidate: np.ndarray) -> dict:
     cos = (reference * candidate).sum(1) / (np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)).clip(
         1e-12
@@ -65,7 +90,10 @@ def compare(metric: str, reference, candidate) -> dict:
     {"logits": next-token logits, "tokens": greedy continuations})."""
     if metric == "generation":
         stats = compare("classification", reference["logits"], candidate["logits"])
-        return {**stats, **greedy_stats(reference["tokens"], candidate["tokens"])}
+        stats.update(greedy_stats(reference["tokens"], candidate["tokens"]))
+        if "teacher" in candidate:
+            stats.update(teacher_forced_stats(reference["teacher"], candidate["teacher"]))
+        return stats
     if metric == "token-classification":
         reference, candidate = np.concatenate(reference), np.concatenate(candidate)
     reference = np.asarray(reference, dtype=np.float64)
@@ -136,25 +164,56 @@ def with_headroom(accuracy: Accuracy, headroom: float) -> Accuracy:
         value = getattr(accuracy, field.name)
         if value is None:
             continue
+        # A ratio of at least 1 (perplexity_ratio) also tightens toward 1, as a score does.
         higher_is_better = not field.name.startswith("max_")
         changes[field.name] = value + (1 - value) * headroom if higher_is_better else value * (1 - headroom)
     return dataclasses.replace(accuracy, **changes)
 
 
-def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: int = 0):
-    """What validation compares, from a runtime model: its outputs, or for generation its next-token logits and
-    its greedy continuations of `new_tokens` tokens."""
+def split_at_middle(rows: list[list[int]], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Each token row (cut to `max_length`) as (first half, second half): a prompt and the held-out continuation
+    it is teacher-forced along. Rows under 4 tokens are left out."""
+    rows = [list(r)[:max_length] for r in rows]
+    return [(r[: len(r) // 2], r[len(r) // 2 :]) for r in rows if len(r) >= 4]
+
+
+def teacher_reference(model, texts: list[str], batch_size: int) -> dict:
+    """A runtime decoder's own logits along the held-out halves of `texts` (tokenized by its tokenizer), as the
+    reference a quantized graph of it is judged against."""
+    pairs = split_at_middle([e.ids for e in model.encode(texts)], model.max_length)
+    teacher = {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs]}
+    teacher["logits"] = teacher_outputs(model, teacher, batch_size)
+    return teacher
+
+
+def teacher_outputs(model, teacher: dict, batch_size: int) -> list[np.ndarray]:
+    """The model's next-token logits along the reference's held-out continuations, in batches."""
+    logits = []
+    for start in range(0, len(teacher["prompts"]), batch_size):
+        chunk = slice(start, start + batch_size)
+        logits += model.teacher_forced_logits(teacher["prompts"][chunk], teacher["continuations"][chunk])
+    return logits
+
+
+def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: int = 0, teacher: dict | None = None):
+    """What validation compares, from a runtime model: its outputs, or for generation its next-token logits, its
+    greedy continuations of `new_tokens` tokens and, given the reference's `teacher` split, its logits along the
+    held-out continuations."""
     if metric != "generation":
         return model.run(texts, batch_size=batch_size)
     completions = model.generate(texts, batch_size=batch_size, max_new_tokens=new_tokens, do_sample=False)
-    return {"logits": model.run(texts, batch_size=batch_size), "tokens": [c.token_ids for c in completions]}
+    result = {"logits": model.run(texts, batch_size=batch_size), "tokens": [c.token_ids for c in completions]}
+    if teacher:
+        result["teacher"] = teacher_outputs(model, teacher, batch_size)
+    return result
 
 
 def measure(model, texts: list[str], reference, metric: str, batch_size: int, new_tokens: int = 0) -> dict:
     """Statistics of the model at batch size 1 and at `batch_size`, the worse of each; for embeddings also how far
     one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch)."""
-    single = outputs(model, texts, metric, 1, new_tokens)
-    batched = outputs(model, texts, metric, batch_size, new_tokens)
+    teacher = reference.get("teacher") if metric == "generation" else None
+    single = outputs(model, texts, metric, 1, new_tokens, teacher)
+    batched = outputs(model, texts, metric, batch_size, new_tokens, teacher)
     stats = worst(compare(metric, reference, single), compare(metric, reference, batched))
     if metric in ("embedding", "classification"):
         stats["batch_spread_max_abs"] = float(np.abs(np.asarray(single) - np.asarray(batched)).max())

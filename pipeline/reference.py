@@ -12,6 +12,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
+from pipeline.metrics import split_at_middle
 from pipeline.progress import progress
 from pipeline.tasks import ARCHITECTURES, TASKS
 
@@ -101,7 +102,26 @@ def generation_outputs(model, tokenizer, texts: list[str], new_tokens: int, max_
                 input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, pad_token_id=pad
             )
             tokens.append(tuple(out[0, ids.shape[1] :].tolist()))
-    return {"logits": np.stack(logits), "tokens": tokens}
+    return {
+        "logits": np.stack(logits),
+        "tokens": tokens,
+        "teacher": teacher_forced(model, tokenizer, texts, max_length),
+    }
+
+
+def teacher_forced(model, tokenizer, texts: list[str], max_length: int) -> dict:
+    """Each held-out text split in two at its middle token: the first half as a prompt, the second as the
+    continuation, with transformers' next-token logits at every continuation position (one forward pass each).
+    What a decoder's perplexity and teacher-forced agreement are measured against."""
+    import torch
+
+    pairs = split_at_middle([tokenizer(text)["input_ids"] for text in texts], max_length)
+    logits = []
+    with torch.inference_mode():
+        for prompt, continuation in pairs:
+            out = model(input_ids=torch.tensor([prompt + continuation])).logits[0].float().numpy()
+            logits.append(out[len(prompt) - 1 : -1])
+    return {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs], "logits": logits}
 
 
 def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:

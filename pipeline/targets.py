@@ -111,6 +111,14 @@ class Accuracy:
     # Decoders: the share of held-out prompts whose greedy continuation equals transformers' generate token for
     # token (1.0: every prompt). Their next-token logits are held to top1_agreement and the max_* thresholds.
     greedy_match: float | None = None
+    # Decoders under quantization, judged on behaviour rather than ties: each held-out text is split at its middle
+    # token and the second half is teacher-forced. teacher_top1_agreement: the share of positions where the
+    # artifact's top token is PyTorch's; perplexity_ratio: the artifact's perplexity on the real text over
+    # PyTorch's (at most this); greedy_prefix_agreement: the mean share of each greedy continuation reproduced
+    # before the first differing token.
+    teacher_top1_agreement: float | None = None
+    perplexity_ratio: float | None = None
+    greedy_prefix_agreement: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +253,9 @@ _RANGES = {
     ("accuracy", "max_probability_diff"): (0.0, 1.0),
     ("accuracy", "max_abs_diff"): (0.0, None),
     ("accuracy", "greedy_match"): (0.0, 1.0),
+    ("accuracy", "teacher_top1_agreement"): (0.0, 1.0),
+    ("accuracy", "perplexity_ratio"): (1.0, None),
+    ("accuracy", "greedy_prefix_agreement"): (0.0, 1.0),
     ("generation", "new_tokens"): (1, None),
     ("generation", "prompts"): (1, None),
     ("generation", "speed_batch_sizes"): (1, 4096),

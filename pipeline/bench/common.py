@@ -35,19 +35,23 @@ def time_alternating(runners: dict, feeds: dict, budget_s: float, min_reps: int,
             return times
 
 
-def time_until_stable(runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10) -> dict:
+def time_until_stable(runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10,
+                      budget_s: float = 60.0) -> dict:  # fmt: skip
     """Rounds alternate between the variants (after two warm-ups each) until every variant's p10-p90 spread is
-    within `spread` of its median, or `max_rounds`; returns {variant: {"ms": [...], "noisy": bool}}."""
+    within `spread` of its median, or `max_rounds`, or (past `min_rounds`) `budget_s` seconds; returns
+    {variant: {"ms": [...], "noisy": bool}}."""
     for run in runners.values():
         run(feeds)
         run(feeds)
     times: dict[str, list[float]] = {name: [] for name in runners}
+    started = time.perf_counter()
     for rounds in range(1, max_rounds + 1):
         for name, run in runners.items():
             t0 = time.perf_counter()
             run(feeds)
             times[name].append((time.perf_counter() - t0) * 1000)
-        if rounds >= min_rounds and all(relative_spread(v) <= spread for v in times.values()):
+        stable = all(relative_spread(v) <= spread for v in times.values())
+        if rounds >= min_rounds and (stable or time.perf_counter() - started > budget_s):
             break
     return {name: {"ms": values, "noisy": relative_spread(values) > spread} for name, values in times.items()}
 

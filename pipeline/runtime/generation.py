@@ -22,8 +22,6 @@ transformers' order: repetition penalty, then temperature, top-k and top-p; gree
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +29,8 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
+from pipeline.runtime.sampling import Detokenizer, Sampling, choose_tokens, is_int, setting_problems
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
-
-# Tokens of the prompt decoded with each new token, so that a word-initial space or a multi-byte character that
-# depends on the token before it comes out right.
-_CONTEXT_TOKENS = 5
 
 
 def position_ids(mask: np.ndarray) -> np.ndarray:
@@ -55,39 +50,6 @@ def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndar
         ids[row, width - len(tokens) :] = tokens
         mask[row, width - len(tokens) :] = 1
     return ids, mask
-
-
-def _is_number(value) -> bool:
-    """A finite real number, not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    """An integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _setting_problems(values: dict, max_length: int) -> list[str]:
-    """One message per bad generation setting in `values` (a call's settings, defaults filled in)."""
-    problems = []
-    new, least = values["max_new_tokens"], values["min_new_tokens"]
-    if not _is_int(new) or not 1 <= new < max_length:
-        problems.append(f"max_new_tokens={new!r} must be an int from 1 to {max_length - 1}")
-    if not _is_int(least) or least < 0:
-        problems.append(f"min_new_tokens={least!r} must be an int >= 0")
-    if values["do_sample"] is not None and not isinstance(values["do_sample"], bool | np.bool_):
-        problems.append(f"do_sample={values['do_sample']!r} must be True, False or None")
-    temperature, top_p = values["temperature"], values["top_p"]
-    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
-        problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
-    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
-        problems.append(f"top_p={top_p!r} must be a number in (0, 1]")
-    top_k, penalty = values["top_k"], values["repetition_penalty"]
-    if top_k is not None and not (_is_int(top_k) and top_k >= 0):
-        problems.append(f"top_k={top_k!r} must be an int >= 0 (0 turns it off)")
-    if penalty is not None and not (_is_number(penalty) and penalty > 0):
-        problems.append(f"repetition_penalty={penalty!r} must be a finite number > 0 (1 turns it off)")
-    return problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,102 +72,6 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """Resolved generation settings for one call."""
-
-    max_new_tokens: int
-    min_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
-    eos: frozenset[int]
-    stop: tuple[str, ...]
-
-
-def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, settings: Sampling, rng) -> np.ndarray:
-    """The next token of each row from its logits [b, V], given each row's tokens so far (prompt and
-    generated, for the repetition penalty) and the number of tokens generated before this one."""
-    scores = np.array(logits, dtype=np.float32)
-    if settings.repetition_penalty != 1.0:
-        for row, tokens in enumerate(context):
-            seen = np.unique(np.asarray(tokens, dtype=np.int64))
-            picked = scores[row, seen]
-            penalty = np.float32(settings.repetition_penalty)
-            scores[row, seen] = np.where(picked < 0, picked * penalty, picked / penalty)
-    if steps < settings.min_new_tokens and settings.eos:
-        scores[:, sorted(settings.eos)] = -np.inf
-    if not settings.do_sample:
-        return scores.argmax(-1)
-    scores = scores / np.float32(settings.temperature)
-    vocab = scores.shape[-1]
-    if 0 < settings.top_k < vocab:
-        kth = np.partition(scores, vocab - settings.top_k, axis=-1)[:, vocab - settings.top_k][:, None]
-        scores = np.where(scores < kth, -np.inf, scores)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    if settings.top_p < 1.0:
-        # Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one): drop a token
-        # when the tokens more likely than it already hold top_p.
-        order = np.argsort(-probs, axis=-1, kind="stable")
-        ranked = np.take_along_axis(probs, order, -1)
-        drop = np.zeros(probs.shape, dtype=bool)
-        np.put_along_axis(drop, order, (np.cumsum(ranked, -1) - ranked) >= settings.top_p, -1)
-        probs = np.where(drop, 0.0, probs)
-        probs /= probs.sum(-1, keepdims=True)
-    cumulative = np.cumsum(probs, -1)
-    draws = rng.random((len(probs), 1)) * cumulative[:, -1:]
-    return np.minimum((cumulative < draws).sum(-1), vocab - 1)
-
-
-class _Detokenizer:
-    """Incremental text of one row: decodes a short window of tokens at each step and emits what is new, holding
-    back an incomplete character, and any tail that could be the start of a stop string."""
-
-    def __init__(self, tokenizer, prompt: list[int], stop: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.ids = list(prompt[-_CONTEXT_TOKENS:])
-        self.prefix = 0
-        self.read = len(self.ids)
-        self.stop = stop
-        self.text = ""  # decoded so far
-        self.sent = 0  # characters of self.text already emitted
-
-    def add(self, token: int) -> tuple[str, bool]:
-        """Add a token; returns (the text to emit now, whether a stop string was reached)."""
-        self.ids.append(token)
-        return self._advance(final=False)
-
-    def flush(self) -> tuple[str, bool]:
-        """The row has ended: (all the text not emitted yet, whether it reached a stop string). A trailing
-        incomplete character comes out as the decoder shows it ("\ufffd"), so that the row's text equals the
-        tokenizer's decode of its tokens."""
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> tuple[str, bool]:
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
-        after = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=True)
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            self.text += after[len(before) :]
-            self.prefix, self.read = self.read, len(self.ids)
-        for stop in self.stop:
-            at = self.text.find(stop, max(0, self.sent - len(stop)))
-            if at >= 0:
-                self.text = self.text[:at]
-                return self._emit(len(self.text)), True
-        if final:
-            return self._emit(len(self.text)), False
-        held = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-        return self._emit(len(self.text) - held), False
-
-    def _emit(self, upto: int) -> str:
-        upto = max(upto, self.sent)
-        piece, self.sent = self.text[self.sent : upto], upto
-        return piece
 
 
 class Generator:
@@ -295,7 +161,7 @@ class Generator:
         values = {k: self.defaults.get(k) if v is None else v for k, v in pick.items()}
         values["max_new_tokens"] = 32 if max_new_tokens is None else max_new_tokens
         values["min_new_tokens"] = 0 if min_new_tokens is None else min_new_tokens
-        problems = _setting_problems(values, self.max_length)
+        problems = setting_problems(values, self.max_length)
         stop = self._stop_strings(stop, problems)
         eos_ids = self._eos_ids(eos, problems)
         if not problems and temperature is not None:
@@ -330,9 +196,9 @@ class Generator:
             return self.eos
         if eos is False:
             return frozenset()
-        ids = [eos] if _is_int(eos) else list(eos) if isinstance(eos, list | tuple | set | frozenset) else None
+        ids = [eos] if is_int(eos) else list(eos) if isinstance(eos, list | tuple | set | frozenset) else None
         vocab = self.tokenizer.get_vocab_size()
-        if ids is None or not all(_is_int(t) and 0 <= t < vocab for t in ids):
+        if ids is None or not all(is_int(t) and 0 <= t < vocab for t in ids):
             problems.append(
                 f"eos={eos!r} must be None, True, False, a token id or a list of token ids (0 to {vocab - 1})"
             )
@@ -363,33 +229,55 @@ class Generator:
             for event in self._stream_batch(rows[start : start + batch_size], start, sampling, rng)
         )
 
-    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
+    def _first_past(self, rows: int) -> dict:
         import onnxruntime as ort
 
+        return {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(rows).items()}
+
+    def _step(self, binding, step_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
+        """One decoder step: (the last position's logits [b, V], the present cache as the next step's past)."""
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        arrays = {"input_ids": step_ids, "attention_mask": mask}
+        if "position_ids" in self.input_names:
+            arrays["position_ids"] = position_ids(mask)[:, -step_ids.shape[1] :]
+        for name, array in arrays.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, value in past.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(self.output_names[0], "cpu")
+        for name in self.output_names[1:]:
+            binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        return outputs[0].numpy()[:, -1], dict(zip(self.past_names, outputs[1:], strict=True))
+
+    def teacher_forced_logits(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
+        """Next-token logits along given continuations (token ids), one batch, left-padded: for each row an array
+        [len(continuation), V] whose row i predicts continuation[i] after the prompt and continuation[:i]. What
+        perplexity and teacher-forced agreement are measured on."""
+        ids, mask = left_padded(prompts, self.pad_id)
+        longest = max(len(c) for c in continuations)
+        forced = np.array([list(c) + [self.pad_id] * (longest - len(c)) for c in continuations], dtype=np.int64)
+        binding, past, step_ids, steps = self.session.io_binding(), self._first_past(len(prompts)), ids, []
+        for i in range(longest):
+            logits, past = self._step(binding, step_ids, mask, past)
+            steps.append(logits.copy())
+            step_ids = forced[:, i : i + 1]
+            mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+        stacked = np.stack(steps, axis=1)
+        return [stacked[row, : len(c)] for row, c in enumerate(continuations)]
+
+    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
         ids, mask = left_padded(rows, self.pad_id)
-        past = {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(len(rows)).items()}
+        past = self._first_past(len(rows))
         binding = self.session.io_binding()
-        texts = [_Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]
+        texts = [Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]
         context = [list(r) for r in rows]
         live = [True] * len(rows)
         step_ids = ids
         for step in range(sampling.max_new_tokens):
-            binding.clear_binding_inputs()
-            binding.clear_binding_outputs()
-            arrays = {"input_ids": step_ids, "attention_mask": mask}
-            if "position_ids" in self.input_names:
-                arrays["position_ids"] = position_ids(mask)[:, -step_ids.shape[1] :]
-            for name, array in arrays.items():
-                binding.bind_cpu_input(name, np.ascontiguousarray(array))
-            for name, value in past.items():
-                binding.bind_ortvalue_input(name, value)
-            binding.bind_output(self.output_names[0], "cpu")
-            for name in self.output_names[1:]:
-                binding.bind_output(name, self.device)
-            self.session.run_with_iobinding(binding)
-            outputs = binding.get_outputs()
-            logits = outputs[0].numpy()[:, -1]
-            past = dict(zip(self.past_names, (outputs[i] for i in range(1, len(outputs))), strict=True))
+            logits, past = self._step(binding, step_ids, mask, past)
             chosen = choose_tokens(logits, context, step, sampling, rng)
             for row, token in enumerate(int(t) for t in chosen):
                 if not live[row]:

@@ -20,7 +20,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
-from pipeline.metrics import compare, failures, measure, outputs, with_headroom
+from pipeline.metrics import compare, failures, measure, outputs, teacher_reference, with_headroom
 from pipeline.progress import note, progress
 from pipeline.quantization import (
     activation_absmax,
@@ -35,7 +35,7 @@ from pipeline.quantization import (
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
-VERSION = 2
+VERSION = 3
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
@@ -122,6 +122,8 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
 
     fp32 = open_graph(fp32_path)
     reference = outputs(fp32, texts, metric, batch, new_tokens)
+    if metric == "generation":
+        reference["teacher"] = teacher_reference(fp32, texts, batch)
     work = out / "work"
     work.mkdir()
     nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)

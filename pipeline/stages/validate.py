@@ -35,7 +35,7 @@ from pipeline.stages.checkpoint import checkpoint_digest
 from pipeline.targets import Accuracy, Generation, Target
 from pipeline.tasks import TASKS
 
-VERSION = 2
+VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)

