@@ -25,7 +25,7 @@ CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8")
 CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf")
 # The target `native` resolves to, by the build host's kernel class (pipeline.runtime.host.kernel_class).
 NATIVE = {"amx": "cpu-amx", "avx512-vnni": "cpu-avx512", "avx512": "cpu-avx2", "avx2": "cpu-avx2"}
-QUANT_MODES = ("none", "dynamic", "static")
+QUANT_MODES = ("none", "dynamic", "static", "weight_only")
 QUANT_TYPES = ("int8", "uint8")
 QUANT_FORMATS = ("qoperator", "qdq")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -71,6 +71,11 @@ class Quantize:
     calibration_examples: int = 256
     # Static only: symmetric ranges (zero points of 0) for activations and weights, as TensorRT requires.
     symmetric: bool = False
+    # weight_only: MatMul weights in `bits`-bit blocks of `block_size` (ONNX Runtime's MatMulNBits), activations
+    # fp32; accuracy_level 4 multiplies in int8 (the fast kernel on x86; 8-bit has no other fast path).
+    bits: int = 8
+    block_size: int = 32
+    accuracy_level: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +225,9 @@ _CHOICES = {
     ("engine",): ENGINES,
     ("precision",): PRECISIONS,
     ("quantize", "mode"): QUANT_MODES,
+    ("quantize", "bits"): (4, 8),
+    ("quantize", "block_size"): (16, 32, 64, 128, 256),
+    ("quantize", "accuracy_level"): (0, 1, 2, 3, 4),
     ("quantize", "weight_type"): QUANT_TYPES,
     ("quantize", "activation_type"): QUANT_TYPES,
     ("quantize", "format"): QUANT_FORMATS,

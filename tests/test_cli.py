@@ -23,6 +23,7 @@ def test_cli_targets_lists_every_target():
         "cpu-avx2-static",
         "cpu-avx512",
         "cpu-fp32",
+        "cpu-int8-weights",
         "h100",
         "l4",
     ]

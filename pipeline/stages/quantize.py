@@ -29,6 +29,7 @@ from pipeline.quantization import (
     quantizable_nodes,
     quantize_dynamic,
     quantize_static,
+    quantize_weight_only,
     smooth,
     with_shapes,
 )
@@ -69,6 +70,13 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
 
         def quantize_one(path: Path, exclude=(), only=None) -> None:
             quantize_static(shaped, path, settings, reader, ranges_cache, exclude, only)
+
+        return quantize_one
+
+    if settings.mode == "weight_only":
+
+        def quantize_one(path: Path, exclude=(), only=None) -> None:
+            quantize_weight_only(source, path, settings, exclude, only)
 
         return quantize_one
 

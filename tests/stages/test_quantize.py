@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -153,3 +154,24 @@ def test_calibration_reader_streams_fixed_width_batches(fused):
     assert len(widths) == 1  # every batch padded to one length
     reader.set_range(1, 2)
     assert reader.get_next()["input_ids"].shape[0] == 5 and reader.get_next() is None
+
+
+def test_weight_only_int8_puts_every_matmul_weight_in_matmulnbits_and_records_the_decoder_gate(
+    texts_file, build_dirs, tmp_path
+):
+    folder = make_decoder(tmp_path / "tiny-llama", "llama")
+    # A random tiny LM's logits are nearly flat: the gate is loose here; SmolLM2 (slow tier) holds the real one.
+    target = write_target(tmp_path, "woq", base="cpu-int8-weights", accuracy__teacher_top1_agreement=0.0,
+                          accuracy__perplexity_ratio=10.0, accuracy__greedy_prefix_agreement=0.0)  # fmt: skip
+    manifest = build(folder, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    graph = onnx.load(manifest.published["path"] + "/model.onnx")
+    weights = {i.name for i in graph.graph.initializer}
+    assert [n.op_type for n in graph.graph.node].count("MatMulNBits") >= 1
+    assert not [n.name for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # none in fp32
+    bits = {a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == {8}
+    validation = json.loads((Path(manifest.published["path"]) / "manifest.json").read_text())["validation"]
+    assert {"teacher_top1_agreement", "perplexity_ratio", "greedy_prefix_agreement"} <= set(validation)
+    assert [r["metric"] for r in validation["verdict"]] == [
+        "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
+    ]  # fmt: skip

