@@ -31,7 +31,7 @@ from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 OPSET = 17
-VERSION = 1
+VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +62,14 @@ def last_token_logits(graph) -> bool:
 
     Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
     shrink by the prompt's length. Returns False, changing nothing, where `logits` is not made by a MatMul
-    with a constant weight (the runtime reads the last position either way).
+    with a constant weight: an initializer, or the Transpose of one, which optimum makes of a head tied to the
+    embedding when accelerate is installed (the runtime reads the last position either way).
     """
     import onnx
 
     producer = next((n for n in graph.graph.node if "logits" in n.output), None)
     weights = {i.name for i in graph.graph.initializer}
+    weights |= {n.output[0] for n in graph.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
     if producer is None or producer.op_type != "MatMul" or producer.input[1] not in weights:
         return False
     constants = {"last_token_starts": -1, "last_token_ends": 2**63 - 1, "last_token_axes": 1}
