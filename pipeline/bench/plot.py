@@ -5,12 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _title(fig, results: dict) -> None:
+def _finish(fig, results: dict, path: Path) -> None:
+    """Title the figure with the artifact and the host, and write it to `path`."""
+    import matplotlib.pyplot as plt
+
     host = results["host"]
     fig.suptitle(
         f"{results['model_name']} {results['version']} {results['target']} on {host['cpu']} "
         f"({host['kernel_class']}, {results['threads']} threads)"
     )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -62,10 +68,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set(title=f"throughput, sequence {seq}", xlabel="batch size", ylabel="sequences/s")
         ax.grid(True, alpha=0.3)
     first.legend(fontsize=8)
-    _title(fig, results)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, results, path)
 
 
 def plot_generation(results: dict, path: Path, baseline: str, artifact: str) -> None:
@@ -117,7 +120,4 @@ def plot_generation(results: dict, path: Path, baseline: str, artifact: str) -> 
         ax.set(title=label, xlabel="batch size", ylabel=label)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    _title(fig, results)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, results, path)

@@ -91,8 +91,8 @@ def _ray(artifact: Path):
     from pipeline.serving import ray_serve
     from pipeline.serving.triton_server import free_port
 
-    url = ray_serve.deploy(artifact, replicas=1, port=free_port())
-    port = int(url.split(":")[2].split("/")[0])
+    port = free_port()
+    ray_serve.deploy(artifact, replicas=1, port=port)
 
     def make_call():
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -44,20 +44,21 @@ def check_port_free(port: int) -> None:
             raise ServingError(f"port {port} on 127.0.0.1 is in use; pass another port or stop what holds it") from None
 
 
-def _environment_paths(python_env: Path) -> tuple[Path, Path]:
-    """(pytriton's tritonserver folder, the folder of the interpreter's libpython) of a Python environment."""
+def _environment_paths(python_env: Path) -> tuple[Path, Path, str]:
+    """(pytriton's tritonserver folder, the folder of the interpreter's libpython, its X.Y version) of a Python
+    environment."""
     python = python_env / "bin" / "python"
     if not python.exists():
         raise ServingError(f"no Python environment at {python_env}; make one with `make triton-env` (or pass it)")
     script = (
-        "import os, sysconfig, pytriton; print(os.path.dirname(pytriton.__file__)); "
-        "print(sysconfig.get_config_var('LIBDIR'))"
+        "import os, sys, sysconfig, pytriton; print(os.path.dirname(pytriton.__file__)); "
+        "print(sysconfig.get_config_var('LIBDIR')); print(f'{sys.version_info[0]}.{sys.version_info[1]}')"
     )
     found = subprocess.run([str(python), "-c", script], capture_output=True, text=True)
     if found.returncode:
         raise ServingError(f"{python_env} has no nvidia-pytriton; pip install 'pipeline[triton]' into it")
-    package, libdir = found.stdout.split()
-    return Path(package) / "tritonserver", Path(libdir)
+    package, libdir, version = found.stdout.split()
+    return Path(package) / "tritonserver", Path(libdir), version
 
 
 def _backend_dir(home: Path, scratch: Path, version: str) -> Path:
@@ -89,10 +90,7 @@ class LocalTriton:
         self._scratch = Path(tempfile.mkdtemp(prefix="triton-"))
         self.log = self._scratch / "tritonserver.log"
 
-    def _command(self, home: Path) -> list[str]:
-        version = subprocess.run([str(self.python_env / "bin" / "python"), "-c",
-                                  "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-                                 capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    def _command(self, home: Path, version: str) -> list[str]:
         python_options = [f"shm-region-prefix-name={self.prefix}", "shm-default-byte-size=4194304",
                           "shm-growth-byte-size=1048576"]  # fmt: skip
         return [
@@ -108,12 +106,12 @@ class LocalTriton:
         ]  # fmt: skip
 
     def __enter__(self) -> LocalTriton:
-        home, libdir = _environment_paths(self.python_env)
+        home, libdir, version = _environment_paths(self.python_env)
         env = {**os.environ, "PATH": f"{self.python_env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         # The stub must load this interpreter's libpython, not another of the same version.
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(home.parent.parent / "nvidia_pytriton.libs"), str(libdir)])
         with open(self.log, "w") as log:
-            self.process = subprocess.Popen(self._command(home), env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self._command(home, version), env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         try:
             self._wait_ready()

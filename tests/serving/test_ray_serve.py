@@ -11,6 +11,7 @@ import pytest
 from pipeline.errors import InputError, ServingError
 from pipeline.runtime import load
 from pipeline.serving import ray_serve
+from pipeline.serving.triton_server import free_port
 
 from ..conftest import SMALL_TEXTS
 
@@ -26,15 +27,9 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
         return err.code, json.loads(err.read() or b"{}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(published_fp32):
-    url = ray_serve.deploy(published_fp32, replicas=2, port=_free_port(), max_batch_size=8)
+    url = ray_serve.deploy(published_fp32, replicas=2, port=free_port(), max_batch_size=8)
     try:
         yield url
     finally:

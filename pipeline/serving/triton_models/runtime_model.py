@@ -45,7 +45,6 @@ class TritonPythonModel:
         [manifest] = Path(__file__).resolve().parent.glob("*/*/*/manifest.json")
         self.model = load(manifest.parent)
         self.generates = self.output == "TEXT_OUT"
-        self.batches = []
 
     def _run(self, texts: list[str]):
         if self.generates:
@@ -63,7 +62,6 @@ class TritonPythonModel:
             spans[index] = (len(texts), len(texts) + len(mine))
             texts.extend(mine)
         if texts:
-            self.batches.append(len(texts))
             try:
                 results = self._run(texts)
             except PipelineError as err:
