@@ -14,8 +14,8 @@ cache, each later step feeds one token per row with the cache the step before re
     step 0:  input_ids [b, s]   past [b, h, 0, d]        -> logits [b, 1, V], present [b, h, s, d]
     step t:  input_ids [b, 1]   past = present of t - 1  -> logits [b, 1, V], present [b, h, s + t, d]
 
-The cache stays in ONNX Runtime's memory between steps: outputs are bound with IO binding and the returned
-OrtValues are bound as the next step's inputs, so no step copies the cache into or out of numpy. Sampling follows
+The cache stays in ONNX Runtime's memory between steps (see `kv_cache.Decoding`); with GroupQueryAttention
+graphs it is one preallocated buffer written in place. Sampling follows
 transformers' order: repetition penalty, then temperature, top-k and top-p; greedy takes the argmax.
 """
 
@@ -29,27 +29,9 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
-from pipeline.runtime.sampling import Detokenizer, Sampling, choose_tokens, is_int, setting_problems
+from pipeline.runtime.kv_cache import Decoding, left_padded, position_ids
+from pipeline.runtime.sampling import CONTEXT_TOKENS, Detokenizer, Sampling, choose_tokens, is_int, setting_problems
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
-
-
-def position_ids(mask: np.ndarray) -> np.ndarray:
-    """Positions of a left-padded batch, as transformers' generate computes them: the count of real tokens
-    before each one; padding gets 1 (it is masked)."""
-    positions = np.cumsum(mask, axis=-1) - 1
-    positions[mask == 0] = 1
-    return positions.astype(np.int64)
-
-
-def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
-    width = max(map(len, rows))
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for row, tokens in enumerate(rows):
-        ids[row, width - len(tokens) :] = tokens
-        mask[row, width - len(tokens) :] = 1
-    return ids, mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,98 +197,79 @@ class Generator:
         end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
         `batch_size`, left-padded.
         """
-        return self._events(prompts, batch_size, seed, settings, "stream()")
+        return self._events(prompts, batch_size, seed, settings, "stream()")[1]
 
-    def _events(self, prompts, batch_size, seed, settings: dict, call: str) -> Iterator[Token]:
-        """Check a call's arguments now, then return the iterator of its events."""
+    def _events(self, prompts, batch_size, seed, settings: dict, call: str, texts: bool = True):
+        """Check a call's arguments now; returns the prompts' token ids and the iterator of their events."""
         batch_size = check_batch_size(batch_size, call) or self.batch_size
         sampling = self.settings(**settings)
         rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
         rng = np.random.default_rng(seed)
-        return (
+        return rows, (
             event
             for start in range(0, len(rows), batch_size)
-            for event in self._stream_batch(rows[start : start + batch_size], start, sampling, rng)
+            for event in self._stream_batch(rows[start : start + batch_size], start, sampling, rng, texts)
         )
-
-    def _first_past(self, rows: int) -> dict:
-        import onnxruntime as ort
-
-        return {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in self._empty_past(rows).items()}
-
-    def _step(self, binding, step_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
-        """One decoder step: (the last position's logits [b, V], the present cache as the next step's past)."""
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
-        arrays = {"input_ids": step_ids, "attention_mask": mask}
-        if "position_ids" in self.input_names:
-            arrays["position_ids"] = position_ids(mask)[:, -step_ids.shape[1] :]
-        for name, array in arrays.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name, value in past.items():
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output(self.output_names[0], "cpu")
-        for name in self.output_names[1:]:
-            binding.bind_output(name, self.device)
-        self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        return outputs[0].numpy()[:, -1], dict(zip(self.past_names, outputs[1:], strict=True))
 
     def teacher_forced_logits(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
         """Next-token logits along given continuations (token ids), one batch, left-padded: for each row an array
         [len(continuation), V] whose row i predicts continuation[i] after the prompt and continuation[:i]. What
         perplexity and teacher-forced agreement are measured on."""
-        ids, mask = left_padded(prompts, self.pad_id)
         longest = max(len(c) for c in continuations)
         forced = np.array([list(c) + [self.pad_id] * (longest - len(c)) for c in continuations], dtype=np.int64)
-        binding, past, step_ids, steps = self.session.io_binding(), self._first_past(len(prompts)), ids, []
-        for i in range(longest):
-            logits, past = self._step(binding, step_ids, mask, past)
-            steps.append(logits.copy())
-            step_ids = forced[:, i : i + 1]
-            mask = np.concatenate([mask, np.ones((len(prompts), 1), dtype=np.int64)], axis=1)
+        state = Decoding(self, prompts, max(map(len, prompts)) + longest)
+        steps = [state.step().copy()]
+        for i in range(longest - 1):
+            steps.append(state.step(forced[:, i]).copy())
         stacked = np.stack(steps, axis=1)
         return [stacked[row, : len(c)] for row, c in enumerate(continuations)]
 
-    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng) -> Iterator[Token]:
-        ids, mask = left_padded(rows, self.pad_id)
-        past = self._first_past(len(rows))
-        binding = self.session.io_binding()
-        texts = [Detokenizer(self.tokenizer, r, sampling.stop) for r in rows]
+    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng, texts: bool):
+        """Events of one batch. Without `texts` (and without stop strings) no text is decoded per step: each
+        event's text is empty, and the caller decodes each row once at its end."""
+        state = Decoding(self, rows, max(map(len, rows)) + sampling.max_new_tokens)
+        incremental = texts or bool(sampling.stop)
+        detokenizers = [Detokenizer(self.tokenizer, r, sampling.stop) for r in rows] if incremental else None
         context = [list(r) for r in rows]
         live = [True] * len(rows)
-        step_ids = ids
+        logits = state.step()
         for step in range(sampling.max_new_tokens):
-            logits, past = self._step(binding, step_ids, mask, past)
             chosen = choose_tokens(logits, context, step, sampling, rng)
-            for row, token in enumerate(int(t) for t in chosen):
+            for row, token in enumerate(chosen.tolist()):
                 if not live[row]:
                     continue
                 context[row].append(token)
-                text, stopped = texts[row].add(token)
+                text, stopped = detokenizers[row].add(token) if incremental else ("", False)
                 reason = "stop" if stopped else "eos" if token in sampling.eos else None
                 if reason is None and step + 1 == sampling.max_new_tokens:
                     reason = "length"
                 if reason:
                     live[row] = False
-                if reason in ("eos", "length"):
-                    rest, stopped = texts[row].flush()  # a held-back tail can complete a stop string
+                if reason in ("eos", "length") and incremental:
+                    rest, stopped = detokenizers[row].flush()  # a held-back tail can complete a stop string
                     text, reason = text + rest, "stop" if stopped else reason
                 yield Token(offset + row, token, text, reason)
             if not any(live):
                 return
             # Rows that have ended keep a place in the batch, fed padding, as transformers does.
-            step_ids = np.where(live, chosen, self.pad_id).astype(np.int64)[:, None]
-            mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
+            logits = state.step(np.where(live, chosen, self.pad_id))
 
     def generate(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> list:
         """Generate for each prompt; returns one Completion per prompt, in order. Takes the settings of `stream`."""
+        rows, events = self._events(prompts, batch_size, seed, settings, "generate()", texts=False)
         pieces: dict[int, list[str]] = {}
         tokens: dict[int, list[int]] = {}
         reasons: dict[int, str] = {}
-        for event in self._events(prompts, batch_size, seed, settings, "generate()"):
+        for event in events:
             pieces.setdefault(event.index, []).append(event.text)
             tokens.setdefault(event.index, []).append(event.token_id)
             if event.finish_reason:
                 reasons[event.index] = event.finish_reason
+        if not settings.get("stop"):  # no text was decoded per step: decode each row once, after its prompt's end
+            tails = [rows[i][-CONTEXT_TOKENS:] for i in sorted(tokens)]
+            befores = self.tokenizer.decode_batch(tails, skip_special_tokens=True)
+            afters = self.tokenizer.decode_batch(
+                [tail + tokens[i] for tail, i in zip(tails, sorted(tokens), strict=True)], skip_special_tokens=True
+            )
+            pieces = {i: [a[len(b) :]] for i, b, a in zip(sorted(tokens), befores, afters, strict=True)}
         return [Completion("".join(pieces[i]), tuple(tokens[i]), reasons[i]) for i in sorted(pieces)]

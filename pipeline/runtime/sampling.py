@@ -12,7 +12,7 @@ import numpy as np
 
 # Tokens of the prompt decoded with each new token, so that a word-initial space or a multi-byte character that
 # depends on the token before it comes out right.
-_CONTEXT_TOKENS = 5
+CONTEXT_TOKENS = 5
 
 
 def is_number(value) -> bool:
@@ -104,7 +104,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer, prompt: list[int], stop: tuple[str, ...]):
         self.tokenizer = tokenizer
-        self.ids = list(prompt[-_CONTEXT_TOKENS:])
+        self.ids = list(prompt[-CONTEXT_TOKENS:])
         self.prefix = 0
         self.read = len(self.ids)
         self.stop = stop

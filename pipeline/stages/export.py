@@ -31,7 +31,7 @@ from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 OPSET = 17
-VERSION = 2
+VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
     import numpy as np
     import torch
 
-    from pipeline.runtime.generation import left_padded, position_ids
+    from pipeline.runtime.kv_cache import left_padded, position_ids
 
     ids, mask = left_padded([tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS], 0)
     shapes = {i.name: i.shape for i in session.get_inputs()}
@@ -170,6 +170,25 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
     return float(max(diffs))
 
 
+def _fused_attention(graph, model, max_length: int) -> dict:
+    """Rewrite the graph's attention into GroupQueryAttention where the architecture allows; what was done, or
+    why not. `cache` tells the runtime whether present may share past's buffer ("shared") or grows ("concat")."""
+    from pipeline.attention import fusion_problem, gqa_from_decomposed, rotary_cache
+
+    problem = fusion_problem(model)
+    if problem is None:
+        config = model.config
+        cos, sin = rotary_cache(model, max_length)
+        try:
+            counts = gqa_from_decomposed(
+                graph, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, cos, sin
+            )
+            return {**counts, "cache": "shared"}
+        except LookupError as err:
+            problem = f"the export's attention is not laid out as expected: no {err}"
+    return {"op": None, "why": problem, "nodes": len(graph.graph.node), "cache": "concat"}
+
+
 def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
     import onnx
     import onnxruntime as ort
@@ -198,6 +217,7 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
         )
     graph = onnx.load(str(scratch / "model.onnx"))
     sliced = last_token_logits(graph)
+    attention = _fused_attention(graph, model, checkpoint.max_length)
     onnx.save(graph, str(out / "model.onnx"))
     shutil.rmtree(scratch)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -213,8 +233,8 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
     inputs = [n for n in names if n not in past]
     spec = runtime_spec(checkpoint, tokenizer, inputs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (generation["eos_token_ids"] or [0])[0]
-    spec.update(pad_id=int(pad), past=past, present=present, **generation)
-    return {"spec": spec, "probe_max_abs_diff": diff, "last_token_logits": sliced}
+    spec.update(pad_id=int(pad), past=past, present=present, cache=attention["cache"], **generation)
+    return {"spec": spec, "probe_max_abs_diff": diff, "last_token_logits": sliced, "attention": attention}
 
 
 def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:

@@ -1,0 +1,182 @@
+"""gqa_from_decomposed: a graph pass that replaces the decomposed attention of a Llama-style decoder export with
+ONNX Runtime's GroupQueryAttention contrib op, rotary embedding inside, Q/K/V packed into one MatMul.
+
+Per layer, optimum's export computes
+
+    x -> q_proj, k_proj, v_proj -> Reshape/Transpose -> RoPE (Slice, Neg, Concat, Mul, Add)
+      -> present = Concat(past, new) -> repeat KV heads (Expand) -> QK^T, mask, Softmax, AV -> o_proj
+
+which becomes
+
+    x -> MatMul(W_qkv) [-> Add(b_qkv)] -> GroupQueryAttention(past, seqlens_k, total, cos, sin, bias) -> o_proj
+
+The attention mask turns into an additive bias [b, 1, s, total] (padding columns get the lowest float), and
+`seqlens_k` is total - 1 for every row: a left-padded row keeps its padding in the cache, masked, as transformers
+does. Rotary positions are then the slot index, which shifts a padded row's positions by its padding; RoPE scores
+depend only on the distance between positions, so attention is unchanged. The graph's `position_ids` input is
+dropped.
+
+The op reads past_key/past_value in BNSH and, when the caller binds present to the same buffer as past (sized to
+the longest sequence), appends the new tokens in place: no per-step copy of the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FUSABLE = ("llama", "qwen2")
+# ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention for other head sizes.
+HEAD_SIZE_MULTIPLE = 16
+
+
+def fusion_problem(model) -> str | None:
+    """Why the model's attention cannot become GroupQueryAttention, or None when it can."""
+    config = model.config
+    if config.model_type not in FUSABLE:
+        return f"{config.model_type} attention has no GroupQueryAttention rewrite (only {', '.join(FUSABLE)})"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not rewritten"
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_size % HEAD_SIZE_MULTIPLE:
+        return f"head size {head_size} is not a multiple of {HEAD_SIZE_MULTIPLE}, which the CPU kernel's rotary needs"
+    if getattr(model.model, "rotary_emb", None) is None:
+        return "the model has no rotary_emb module to build the cos/sin cache from"
+    return None
+
+
+def rotary_cache(model, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [length, head_size / 2] of the model's own rotary embedding (its scaling type and factor
+    included) at positions 0 .. length - 1."""
+    import torch
+
+    positions = torch.arange(length)[None]
+    probe = torch.zeros(1, dtype=torch.float32)
+    with torch.inference_mode():
+        cos, sin = model.model.rotary_emb(probe, positions)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].numpy().astype(np.float32), sin[0, :, :half].numpy().astype(np.float32)
+
+
+def _projection(nodes: dict, weights: dict, prefix: str, name: str) -> tuple:
+    """(input, weight array, bias array or None) of one linear projection of an attention block."""
+    matmul = nodes.get(f"{prefix}{name}/MatMul")
+    if matmul is None or matmul.input[1] not in weights:
+        raise LookupError(f"{prefix}{name}/MatMul with a constant weight")
+    add = nodes.get(f"{prefix}{name}/Add")
+    bias = None
+    if add is not None:
+        bias_name = next((i for i in add.input if i in weights), None)
+        if bias_name is None:
+            raise LookupError(f"{prefix}{name}/Add with a constant bias")
+        bias = weights[bias_name]
+    return matmul.input[0], weights[matmul.input[1]], bias
+
+
+def _mask_nodes(helper, tensor) -> list:
+    """Nodes that turn attention_mask [b, total] into seqlens_k, total_sequence_length and the additive bias."""
+    lowest = float(np.finfo(np.float32).min)
+    const = {
+        "gqa/one": np.array(1, np.int64), "gqa/zero_i": np.array([0], np.int64), "gqa/one_i": np.array([1], np.int64),
+        "gqa/two_i": np.array([2], np.int64), "gqa/lowest": np.array(lowest, np.float32),
+        "gqa/axes_12": np.array([1, 2], np.int64), "gqa/ones_f": np.array(1.0, np.float32),
+    }  # fmt: skip
+    nodes = [helper.make_node("Constant", [], [k], value=tensor.from_array(v, k)) for k, v in const.items()]
+    make = helper.make_node
+    nodes += [
+        make("Shape", ["attention_mask"], ["gqa/mask_shape"]),
+        make("Gather", ["gqa/mask_shape", "gqa/one"], ["gqa/total_i64"], axis=0),
+        make("Cast", ["gqa/total_i64"], ["gqa/total"], to=6),  # int32
+        make("Sub", ["gqa/total_i64", "gqa/one"], ["gqa/last_i64"]),
+        make("Slice", ["gqa/mask_shape", "gqa/zero_i", "gqa/one_i"], ["gqa/batch"]),
+        make("Expand", ["gqa/last_i64", "gqa/batch"], ["gqa/seqlens_i64"]),
+        make("Cast", ["gqa/seqlens_i64"], ["gqa/seqlens_k"], to=6),
+        make("Cast", ["attention_mask"], ["gqa/mask_f"], to=1),
+        make("Sub", ["gqa/ones_f", "gqa/mask_f"], ["gqa/padding"]),
+        make("Mul", ["gqa/padding", "gqa/lowest"], ["gqa/bias_2d"]),
+        make("Unsqueeze", ["gqa/bias_2d", "gqa/axes_12"], ["gqa/bias_4d"]),
+        make("Shape", ["input_ids"], ["gqa/ids_shape"]),
+        make("Slice", ["gqa/ids_shape", "gqa/one_i", "gqa/two_i"], ["gqa/new"]),
+        make("Unsqueeze", ["gqa/total_i64", "gqa/zero_i"], ["gqa/total_i64_1d"]),
+        make("Concat", ["gqa/batch", "gqa/one_i", "gqa/new", "gqa/total_i64_1d"], ["gqa/bias_shape"], axis=0),
+        make("Expand", ["gqa/bias_4d", "gqa/bias_shape"], ["gqa/bias"]),
+    ]
+    return nodes
+
+
+def _prune(graph) -> None:
+    """Drop nodes whose outputs nothing needs, then unused initializers and inputs."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+            for attr in node.attribute:  # subgraph inputs (If, Loop) count as needed
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    needed.update(i for n in sub.node for i in n.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    for field in (graph.initializer, graph.input):
+        alive = [item for item in field if item.name in needed]
+        del field[:]
+        field.extend(alive)
+
+
+def gqa_from_decomposed(graph, layers: int, heads: int, kv_heads: int, cos: np.ndarray, sin: np.ndarray) -> dict:
+    """Rewrite `graph` (an optimum Llama/Qwen2 export, ModelProto) in place; returns node counts before and after.
+    Raises LookupError, changing nothing, when a layer's projections are not where the export puts them."""
+    from onnx import helper, numpy_helper
+
+    g = graph.graph
+    before = len(g.node)
+    nodes = {n.name: n for n in g.node}
+    weights = {i.name: i for i in g.initializer}
+    # The exporter shares equal initializers (zero biases of a random model) through Identity nodes.
+    weights |= {n.output[0]: weights[n.input[0]] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
+    arrays = {}
+    plans = []
+    for layer in range(layers):
+        prefix = f"/model/layers.{layer}/self_attn/"
+        parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
+        o_proj = nodes.get(f"{prefix}o_proj/MatMul")
+        if o_proj is None or len({p[0] for p in parts}) != 1:
+            raise LookupError(f"layer {layer}: o_proj, or one input shared by q, k and v projections")
+        if len({b is None for _, _, b in parts}) != 1:
+            raise LookupError(f"layer {layer}: a bias on all of q, k and v or on none")
+        plans.append((layer, prefix, parts, o_proj))
+    for layer, prefix, parts, o_proj in plans:
+        name = f"{prefix}qkv_proj"
+        loaded = [(numpy_helper.to_array(w), None if b is None else numpy_helper.to_array(b)) for _, w, b in parts]
+        arrays[f"{name}.weight"] = np.concatenate([w for w, _ in loaded], axis=1)
+        fused = [helper.make_node("MatMul", [parts[0][0], f"{name}.weight"], [f"{name}/out"], name=f"{name}/MatMul")]
+        query = f"{name}/out"
+        if loaded[0][1] is not None:
+            arrays[f"{name}.bias"] = np.concatenate([b for _, b in loaded])
+            fused.append(helper.make_node("Add", [query, f"{name}.bias"], [f"{name}/biased"], name=f"{name}/Add"))
+            query = f"{name}/biased"
+        past, present = (
+            [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")],
+            [f"present.{layer}.{kv}" for kv in ("key", "value")],
+        )
+        for node in [n for n in g.node if set(n.output) & set(present)]:
+            g.node.remove(node)
+        fused.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [query, "", "", *past, "gqa/seqlens_k", "gqa/total", "gqa/cos", "gqa/sin", "", "gqa/bias"],
+                [f"{prefix}gqa/out", *present], name=f"{prefix}GroupQueryAttention", domain="com.microsoft",
+                num_heads=heads, kv_num_heads=kv_heads, do_rotary=1,
+            )
+        )  # fmt: skip
+        o_proj.input[0] = f"{prefix}gqa/out"
+        at = list(g.node).index(o_proj)
+        for offset, node in enumerate(fused):
+            g.node.insert(at + offset, node)
+    arrays.update({"gqa/cos": cos, "gqa/sin": sin})
+    g.initializer.extend(numpy_helper.from_array(a, n) for n, a in arrays.items())
+    for offset, node in enumerate(_mask_nodes(helper, numpy_helper)):
+        g.node.insert(offset, node)
+    if not any(o.domain == "com.microsoft" for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _prune(g)
+    return {"op": "GroupQueryAttention", "layers": layers, "nodes_before": before, "nodes_after": len(g.node)}

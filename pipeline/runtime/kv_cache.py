@@ -1,0 +1,103 @@
+"""One batch's decoding state on an ONNX Runtime session: the KV cache, the attention mask and the IO binding.
+
+Two cache layouts, per the artifact's spec:
+
+- "shared" (graphs with GroupQueryAttention): past and present are bound once to the same preallocated buffer
+  [b, kv heads, capacity, head size]; each step writes its new keys and values into it in place. No step
+  allocates or copies the cache.
+- "concat" (other graphs): present = Concat(past, new) is a new buffer each step, and becomes the next step's
+  past without leaving ONNX Runtime's memory.
+
+Per step, only the new token ids and the grown mask are bound again; position ids are advanced, not recomputed.
+Imports only numpy and onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """Positions of a left-padded batch, as transformers' generate computes them: the count of real tokens
+    before each one; padding gets 1 (it is masked)."""
+    positions = np.cumsum(mask, axis=-1) - 1
+    positions[mask == 0] = 1
+    return positions.astype(np.int64)
+
+
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
+    width = max(map(len, rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens) :] = tokens
+        mask[row, width - len(tokens) :] = 1
+    return ids, mask
+
+
+class Decoding:
+    """Decoding of one left-padded batch of prompts for up to `capacity` tokens in all (prompt width included).
+
+    state = Decoding(generator, rows, capacity)
+    logits = state.step()            # the prompts: next-token logits [b, V]
+    logits = state.step(chosen)      # then one token per row, [b] ids
+    """
+
+    def __init__(self, generator, rows: list[list[int]], capacity: int):
+        import onnxruntime as ort
+
+        self.session = generator.session
+        self.ids, self.mask = left_padded(rows, generator.pad_id)
+        self.positions = position_ids(self.mask) if "position_ids" in generator.input_names else None
+        self.shared = generator.spec.get("cache") == "shared"
+        self.binding = self.session.io_binding()
+        self.logits_name = generator.output_names[0]
+        self.present_names = generator.output_names[1:]
+        self.device = generator.device
+        length = capacity if self.shared else 0
+        self.past = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.zeros((len(rows), h, length, d), np.float32), self.device, 0)
+            for name, (h, d) in generator.past_shapes.items()
+        }
+        for name, value in self.past.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.capacity = capacity
+
+    def _bind_outputs(self) -> None:
+        # An output bound before is reused as a preallocated buffer, and logits (and a growing cache) change shape,
+        # so outputs are bound afresh each step, logits first: get_outputs() follows the binding order.
+        self.binding.clear_binding_outputs()
+        self.binding.bind_output(self.logits_name, "cpu")
+        for value, present in zip(self.past.values(), self.present_names, strict=True):
+            if self.shared:
+                self.binding.bind_ortvalue_output(present, value)
+            else:
+                self.binding.bind_output(present, self.device)
+
+    def buffers(self) -> list[int]:
+        """Addresses of the cache buffers the next step reads (what a test checks for copies)."""
+        return [value.data_ptr() for value in self.past.values()]
+
+    def step(self, chosen: np.ndarray | None = None) -> np.ndarray:
+        """Run one step: the prompts when `chosen` is None, else one new token per row. Returns the last position's
+        logits [b, V]."""
+        if chosen is not None:
+            if self.mask.shape[1] >= self.capacity:
+                raise ValueError(f"the cache holds {self.capacity} tokens and is full")
+            self.ids = np.asarray(chosen, dtype=np.int64).reshape(-1, 1)
+            self.mask = np.concatenate([self.mask, np.ones((len(self.mask), 1), dtype=np.int64)], axis=1)
+            if self.positions is not None:
+                self.positions = self.positions[:, -1:] + 1
+        self.binding.bind_cpu_input("input_ids", self.ids)
+        self.binding.bind_cpu_input("attention_mask", self.mask)
+        if self.positions is not None:
+            self.binding.bind_cpu_input("position_ids", self.positions)
+        self._bind_outputs()
+        self.session.run_with_iobinding(self.binding)
+        outputs = self.binding.get_outputs()
+        if not self.shared:
+            self.past = dict(zip(self.past, outputs[1:], strict=True))
+            for name, value in self.past.items():
+                self.binding.bind_ortvalue_input(name, value)
+        return outputs[0].numpy()[:, -1]

@@ -1,0 +1,82 @@
+"""The decoding state: a GroupQueryAttention artifact writes its cache in place; greedy output stays transformers'."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from pipeline.runtime import load
+from pipeline.runtime.kv_cache import Decoding
+
+from ..conftest import SMALL_TEXTS
+from ..tiny import make_decoder
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, texts_file):
+    from pipeline.build import build
+
+    root = tmp_path_factory.mktemp("llama-fp32")
+    folder = make_decoder(root / "tiny-llama", "llama")
+    manifest = build(folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
+                     artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
+    return folder, load(manifest.published["path"])
+
+
+def _hf_greedy(folder, prompts: list[str], n: int) -> list[tuple[int, ...]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, padding_side="left")
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(**batch, do_sample=False, max_new_tokens=n, pad_token_id=tokenizer.pad_token_id)
+    return [tuple(row) for row in out[:, batch["input_ids"].shape[1] :].tolist()]
+
+
+def test_greedy_equals_transformers_at_batch_1_and_batched_with_left_padding(llama):
+    folder, model = llama
+    prompts = SMALL_TEXTS[:6]
+    assert len({len(e.ids) for e in model.encode(prompts)}) > 1  # rows of several lengths: left padding
+    batched = model.generate(prompts, max_new_tokens=24, eos=False, batch_size=len(prompts))
+    assert [c.token_ids for c in batched] == _hf_greedy(folder, prompts, 24)
+    for prompt, completion in zip(prompts, batched, strict=True):
+        [alone] = model.generate([prompt], max_new_tokens=24, eos=False)
+        assert alone.token_ids == _hf_greedy(folder, [prompt], 24)[0] == completion.token_ids
+
+
+def _addresses(state: Decoding, steps: int) -> list[list[int]]:
+    """The cache buffers each step reads and the present outputs it wrote, step after step."""
+    seen, logits = [], state.step()
+    for _ in range(steps):
+        written = [v.data_ptr() for v in state.binding.get_outputs()[1:]]
+        seen.append(state.buffers() + written)
+        logits = state.step(logits.argmax(-1))
+    return seen
+
+
+def test_shared_cache_is_written_in_place_without_a_copy_per_step(llama):
+    _, model = llama
+    rows = [e.ids for e in model.encode(SMALL_TEXTS[:3])]
+    state = Decoding(model, rows, max(map(len, rows)) + 8)
+    before = state.buffers()
+    seen = _addresses(state, 6)
+    assert all(step == before + before for step in seen)  # past and present: the same buffers at every step
+    capacity = {v.shape()[2] for v in state.past.values()}
+    assert capacity == {max(map(len, rows)) + 8}
+
+
+def test_concat_cache_of_an_unfused_graph_gets_new_buffers_each_step(published_gpt2):
+    model = load(published_gpt2)
+    assert model.spec["cache"] == "concat"
+    state = Decoding(model, [e.ids for e in model.encode(SMALL_TEXTS[:2])], 64)
+    seen = _addresses(state, 4)
+    assert len({tuple(step) for step in seen}) == len(seen)
+
+
+def test_a_full_cache_refuses_another_token(llama):
+    _, model = llama
+    state = Decoding(model, [model.encode(["ok"])[0].ids], len(model.encode(["ok"])[0].ids) + 1)
+    logits = state.step()
+    logits = state.step(logits.argmax(-1))
+    with pytest.raises(ValueError, match=r"holds \d+ tokens and is full"):
+        state.step(np.array([0]))

@@ -1,0 +1,51 @@
+"""The GroupQueryAttention rewrite of Llama-style decoder exports: what the graph holds before and after."""
+
+from collections import Counter
+
+import onnx
+import pytest
+
+from pipeline.manifest import Checkpoint
+from pipeline.stages.export import onnx_from_checkpoint
+
+from .tiny import make_decoder
+
+
+def _export(tmp_path, model_type: str) -> tuple[dict, onnx.ModelProto]:
+    import json
+
+    folder = make_decoder(tmp_path / model_type, model_type)
+    config = json.loads((folder / "config.json").read_text())
+    checkpoint = Checkpoint(path=str(folder), digest="test", task="text-generation", model_type=model_type,
+                            config=config, pooling=None, max_length=256)  # fmt: skip
+    out = tmp_path / "export"
+    out.mkdir()
+    metrics = onnx_from_checkpoint(checkpoint, out)
+    return metrics, onnx.load(str(out / "model.onnx"))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_llama_style_attention_becomes_one_group_query_attention_per_layer(model_type, tmp_path):
+    metrics, graph = _export(tmp_path, model_type)
+    ops = Counter(n.op_type for n in graph.graph.node)
+    attention = metrics["attention"]
+    assert attention["op"] == "GroupQueryAttention" and attention["layers"] == 2
+    assert attention["nodes_after"] == len(graph.graph.node) < attention["nodes_before"] / 4
+    assert ops["GroupQueryAttention"] == 2
+    # Q/K/V packed: per layer one projection MatMul and o_proj, plus the MLP's three and the LM head.
+    assert ops["MatMul"] == 2 * (2 + 3) + 1
+    # Rotary (Neg of the rotate-half), the KV-head repeat and the softmax are inside the op now.
+    assert ops["Neg"] == ops["Softmax"] == ops["Range"] == 0
+    gqa = next(n for n in graph.graph.node if n.op_type == "GroupQueryAttention")
+    assert {a.name: a.i for a in gqa.attribute} == {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1}
+    assert "position_ids" not in [i.name for i in graph.graph.input]
+    assert metrics["spec"]["cache"] == "shared" and metrics["probe_max_abs_diff"] < 1e-4
+    if model_type == "qwen2":  # the q, k and v biases are packed too
+        assert sum(n.name.endswith("qkv_proj/Add") for n in graph.graph.node) == 2
+
+
+def test_gpt2_keeps_its_attention_and_the_report_says_why(tmp_path):
+    metrics, graph = _export(tmp_path, "gpt2")
+    assert metrics["attention"]["op"] is None and "gpt2" in metrics["attention"]["why"]
+    assert metrics["spec"]["cache"] == "concat"
+    assert not any(n.domain == "com.microsoft" for n in graph.graph.node)
