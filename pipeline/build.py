@@ -19,6 +19,7 @@ from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
+from pipeline.tasks import ARCHITECTURES
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
@@ -50,15 +51,16 @@ def _check_writable(folder: Path) -> None:
         ) from None
 
 
-def _check_candidates(spec) -> None:
-    """A target none of whose candidates this host can build is a one-line error naming the flags and the target
-    that fits the host."""
+def _check_candidates(spec, family: str) -> None:
+    """A target none of whose candidates for the model's family this host can build is a one-line error naming
+    the flags and the target that fits the host."""
     from pipeline.runtime.host import cpu_flags, kernel_class
     from pipeline.targets import NATIVE
 
     flags = cpu_flags() or frozenset()
-    missing = [sorted(set(c.required_cpu_flags) - flags) for c in spec.candidates]
-    if spec.candidates and all(missing):
+    candidates = spec.family_candidates(family)
+    missing = [sorted(set(c.required_cpu_flags) - flags) for c in candidates]
+    if candidates and all(missing):
         needed = sorted({f for m in missing for f in m})
         fits = NATIVE.get(kernel_class(flags), "cpu-fp32")
         raise TargetError(
@@ -97,7 +99,6 @@ def build(
         raise TargetError(f'target {spec.name}: engine tensorrt needs device = "gpu"')
     if not spec.supported:
         raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
-    _check_candidates(spec)
     # Bad data or an unwritable artifacts folder is found before the expensive stages, not after them.
     read_texts(validation, "validation")
     read_texts(calibration, "calibration")
@@ -121,6 +122,10 @@ def build(
     for stage_name, stage in STAGES:
         count = len(manifest.stages)
         manifest = stage(manifest, spec)
+        if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
+            _check_candidates(spec, ARCHITECTURES[manifest.checkpoint.model_type].family)
+        if stage_name == "search":  # the chosen candidate's thresholds hold from here on
+            spec = search.chosen_target(manifest, spec)
         if on_stage and len(manifest.stages) > count:
             on_stage(manifest.stages[-1])
         faults.point(f"after-{stage_name}")

@@ -31,17 +31,22 @@ def verdict_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# The accuracy columns of the candidate table: encoders by cosine, decoders by their teacher-forced gate.
+_ACCURACY_COLUMNS = (("cosine_min", "cos min"), ("teacher_top1_agreement", "top1"), ("perplexity_ratio", "ppl x"))
+
+
 def candidate_table(search: dict) -> str:
     """The engine search's candidates: accuracy on the development split, latency per shape, and the choice."""
     rows = search["candidates"]
     shapes = next((list(r["latency_ms"]) for r in rows if r.get("latency_ms")), [])
-    head = f"    {'candidate':<20} {'status':<8} {'cos min':>8} " + " ".join(f"{s + ' ms':>12}" for s in shapes)
-    lines = [head]
+    columns = [(k, label) for k, label in _ACCURACY_COLUMNS if any(k in r for r in rows)] or _ACCURACY_COLUMNS[:1]
+    head = f"    {'candidate':<20} {'status':<8} " + " ".join(f"{label:>8}" for _, label in columns)
+    lines = [head + " " + " ".join(f"{s + ' ms':>12}" for s in shapes)]
     for row in rows:
-        cos = f"{row['cosine_min']:.4f}" if "cosine_min" in row else "-"
+        scores = " ".join(f"{row[k]:>8.4f}" if k in row else f"{'-':>8}" for k, _ in columns)
         times = " ".join(f"{(row.get('latency_ms') or {}).get(s, float('nan')):>12.2f}" for s in shapes)
         mark = "  <- chosen" if row.get("chosen") else f"  ({row['reason']})" if row.get("reason") else ""
-        lines.append(f"    {row['name']:<20} {row['status']:<8} {cos:>8} {times}{mark}")
+        lines.append(f"    {row['name']:<20} {row['status']:<8} {scores} {times}{mark}")
     return "\n".join(lines)
 
 

@@ -206,7 +206,8 @@ def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
 
 
 def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
-    """MatMul weights of `source` in `settings.bits`-bit symmetric blocks of `settings.block_size` (MatMulNBits),
+    """MatMul weights of `source` in `settings.bits`-bit blocks of `settings.block_size` (MatMulNBits; symmetric or
+    with zero points per `settings.symmetric`),
     with `settings.accuracy_level`; the nodes in `exclude` (or, given `only`, all others) stay fp32."""
     import logging
 
@@ -216,8 +217,10 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     model = onnx.load(str(source))
     names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = list(exclude) + ([n for n in names if n not in set(only)] if only is not None else [])
-    config = DefaultWeightOnlyQuantConfig(block_size=settings.block_size, is_symmetric=True, bits=settings.bits,
-                                          accuracy_level=settings.accuracy_level)  # fmt: skip
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=settings.block_size, is_symmetric=settings.symmetric, bits=settings.bits,
+        accuracy_level=settings.accuracy_level,
+    )  # fmt: skip
     quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
     # The quantizer logs every node at INFO, through the root logger it configures on import.
     level = logging.getLogger().level

@@ -21,8 +21,9 @@ ENGINES = ("onnxruntime", "openvino", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
 KERNEL_CLASSES = ("amx", "avx512-vnni", "avx512", "avx2", "any")
 CANDIDATE_ENGINES = ("onnxruntime", "openvino")
-CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8")
-CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf")
+CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8", "int4")
+CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf", "weight_only")
+FAMILIES = ("encoder", "decoder")
 # The target `native` resolves to, by the build host's kernel class (pipeline.runtime.host.kernel_class).
 NATIVE = {"amx": "cpu-amx", "avx512-vnni": "cpu-avx512", "avx512": "cpu-avx2", "avx2": "cpu-avx2"}
 QUANT_MODES = ("none", "dynamic", "static", "weight_only")
@@ -76,6 +77,9 @@ class Quantize:
     bits: int = 8
     block_size: int = 32
     accuracy_level: int = 4
+    # Symmetric blocks (scale only), or asymmetric (scale and zero point): asymmetric int4 keeps weights that were
+    # themselves 4-bit blocks with a minimum (GGUF Q4_1) nearly as they were.
+    symmetric: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,14 +180,20 @@ class Serving:
 class Candidate:
     """One recipe the engine search builds, scores on the development split and times on the build host:
     an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
-    its fallback; "nncf": OpenVINO's post-training int8). A candidate whose CPU flags the build host lacks is a row
-    in the report, not built."""
+    its fallback; "nncf": OpenVINO's post-training int8; "weight_only": MatMulNBits of `bits` bits, with the
+    [quantize] block size and accuracy level). A candidate whose CPU flags the build host lacks is a row in the
+    report, not built. `family` says which models it is for (encoders, or decoders); its [candidates.accuracy]
+    thresholds, where set, replace the target's for this candidate, in the search and, once chosen, in
+    validation (a quantized decoder is judged on perplexity and agreement, not on exact greedy ties)."""
 
     name: str
     engine: str
     precision: str
     quantize: str = "none"
     required_cpu_flags: tuple[str, ...] = ()
+    family: str = "encoder"
+    bits: int = 8
+    accuracy: Accuracy = Accuracy()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +225,19 @@ class Target:
         """A JSON-ready copy, used in cache keys and manifests."""
         return dataclasses.asdict(self)
 
+    def family_candidates(self, family: str) -> tuple[Candidate, ...]:
+        """The candidates for models of `family` ("encoder" or "decoder")."""
+        return tuple(c for c in self.candidates if c.family == family)
+
+    def with_candidate(self, name: str) -> Target:
+        """This target as it holds the chosen candidate `name`: that candidate's thresholds replace the target's
+        where it sets them."""
+        candidate = next((c for c in self.candidates if c.name == name), None)
+        if candidate is None:
+            return self
+        overrides = {k: v for k, v in dataclasses.asdict(candidate.accuracy).items() if v is not None}
+        return dataclasses.replace(self, accuracy=dataclasses.replace(self.accuracy, **overrides))
+
 
 _CHOICES = {
     ("device",): DEVICES,
@@ -222,6 +245,8 @@ _CHOICES = {
     ("candidates", "engine"): CANDIDATE_ENGINES,
     ("candidates", "precision"): CANDIDATE_PRECISIONS,
     ("candidates", "quantize"): CANDIDATE_QUANTIZE,
+    ("candidates", "family"): FAMILIES,
+    ("candidates", "bits"): (4, 8),
     ("engine",): ENGINES,
     ("precision",): PRECISIONS,
     ("quantize", "mode"): QUANT_MODES,
@@ -349,8 +374,10 @@ def _build(cls, table: dict, path: Path, prefix: tuple[str, ...]):
             values[name] = _build(tp, table[name], path, prefix + (name,))
             continue
         value = _coerce(table[name], tp, where)
-        if prefix + (name,) in _RANGES:
-            _check_range(value, _RANGES[prefix + (name,)], where)
+        # A candidate's [candidates.accuracy] thresholds have the ranges of the target's [accuracy].
+        bounds = _RANGES.get(prefix + (name,)) or _RANGES.get((prefix + (name,))[-2:])
+        if bounds:
+            _check_range(value, bounds, where)
         choices = _CHOICES.get(prefix + (name,))
         for item in value if isinstance(value, tuple) else (value,):
             if choices and item not in choices:

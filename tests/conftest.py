@@ -89,6 +89,8 @@ def texts_file(tmp_path_factory) -> Path:
 
 
 def _toml_value(value) -> str:
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
 
 

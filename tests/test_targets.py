@@ -124,12 +124,22 @@ def test_target_from_toml_refuses_out_of_range_values_naming_the_key(tmp_path, k
 
 
 def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
-    assert [c.engine for c in load_target("cpu-avx2").candidates] == [
+    target = load_target("cpu-avx2")
+    assert [c.engine for c in target.family_candidates("encoder")] == [
         "onnxruntime",
         "onnxruntime",
         "openvino",
         "openvino",
     ]
+    decoders = target.family_candidates("decoder")
+    assert [(c.quantize, c.bits) for c in decoders] == [("none", 8), ("weight_only", 8), ("weight_only", 4)]
+    # A candidate's own thresholds replace the target's once it is chosen; the rest stay the target's.
+    int4 = target.with_candidate("ort-int4-weights").accuracy
+    assert (int4.perplexity_ratio, int4.greedy_match, int4.cosine_min) == (1.10, 0.0, target.accuracy.cosine_min)
+    assert target.with_candidate("ort-fp32-decoder").accuracy.greedy_match == 1.0
+    far = [{"name": "a", "engine": "onnxruntime", "precision": "int4", "accuracy": {"perplexity_ratio": -1}}]
+    with pytest.raises(TargetError, match="candidates.accuracy.perplexity_ratio'.*out of range"):
+        target_from_toml(write_target(tmp_path, "far", candidates=far))
     twice = [{"name": "a", "engine": "openvino", "precision": "fp32"}] * 2
     with pytest.raises(TargetError, match="two \\[\\[candidates\\]\\] share a name"):
         target_from_toml(write_target(tmp_path, "dup", candidates=twice))

@@ -38,8 +38,9 @@ from pipeline.quiet import silenced
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
 from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
+from pipeline.stages.search_decoder import candidate_row, search_decoders
 from pipeline.targets import Candidate, Target
-from pipeline.tasks import TASKS
+from pipeline.tasks import ARCHITECTURES, TASKS
 
 VERSION = 3
 SEQUENCE = 128
@@ -66,9 +67,20 @@ STAGE = StageSpec(
 )  # fmt: skip
 
 
+def family(manifest: Manifest) -> str:
+    """The checkpoint's architecture family: "encoder" or "decoder"."""
+    return ARCHITECTURES[manifest.checkpoint.model_type].family
+
+
 def applies(manifest: Manifest, target: Target) -> bool:
-    """Whether the search runs: a CPU target with candidates, for an encoder (decoders use the quantize stage)."""
-    return bool(target.candidates) and manifest.checkpoint.task != "text-generation"
+    """Whether the search runs: a CPU target with candidates for the checkpoint's family (encoder or decoder)."""
+    return bool(target.family_candidates(family(manifest)))
+
+
+def chosen_target(manifest: Manifest, target: Target) -> Target:
+    """The target as the rest of the build holds it: with the chosen candidate's thresholds, where a search ran."""
+    record = next((r for r in manifest.stages if r.name == "search"), None)
+    return target.with_candidate(record.metrics["chosen"]) if record else target
 
 
 def _openvino_graph(onnx_path: Path, out: Path, candidate: Candidate, calibration_feeds: list) -> dict:
@@ -165,11 +177,6 @@ def choose(rows: list[dict]) -> dict | None:
     return winner
 
 
-def _row(candidate: Candidate, status: str, **values) -> dict:
-    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
-            "quantize": candidate.quantize, "status": status, **values}  # fmt: skip
-
-
 def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> AccuracyError:
     scored = [r for r in rows if "closeness" in r]
     if not scored:
@@ -183,17 +190,15 @@ def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> Accuracy
     )
 
 
-def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
-    """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
+def _search_encoders(manifest: Manifest, target: Target, development: list, calibration: list, flags, out: Path):
+    """Build, score and time every encoder candidate; returns (rows, {name: built files})."""
     metric = TASKS[manifest.checkpoint.task].metric
-    calibration, development = development_split(texts)
     reference = pytorch_outputs(manifest.checkpoint, development)
-    flags = cpu_flags() or frozenset()
     rows, built = [], {}
-    for candidate in progress(target.candidates, "search: building candidates"):
+    for candidate in progress(target.family_candidates("encoder"), "search: building candidates"):
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         if missing:
-            rows.append(_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
+            rows.append(candidate_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
             continue
         started = time.perf_counter()
         try:
@@ -201,12 +206,14 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
             model = candidate_model(manifest, target, made["graph"], made["backend"], made["session"] or None)
             stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
         except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
-            rows.append(_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
+            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
             continue
         missed = failures(stats, target.accuracy)
         seconds = round(time.perf_counter() - started, 2)
-        row = _row(candidate, "passed" if not missed else "missed", missed=missed, build_seconds=seconds,
-                   closeness=closeness(stats, target.accuracy), fallback=made["fallback"], **stats)  # fmt: skip
+        row = candidate_row(
+            candidate, "passed" if not missed else "missed", missed=missed, build_seconds=seconds,
+            closeness=closeness(stats, target.accuracy), fallback=made["fallback"], **stats,
+        )  # fmt: skip
         rows.append(row)
         built[candidate.name] = (made, model)
         note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {stats[k]:.4f}" for k in sorted(stats)))
@@ -216,10 +223,22 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
         timed = timings.get(row["name"])
         row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
         row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
+    return rows, {name: made for name, (made, _) in built.items()}
+
+
+def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
+    """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
+    calibration, development = development_split(texts)
+    flags = cpu_flags() or frozenset()
+    if family(manifest) == "decoder":
+        rows, graphs = search_decoders(manifest, target, development, flags, out)
+        built = {name: {"graph": graph, "backend": "onnxruntime", "session": {}} for name, graph in graphs.items()}
+    else:
+        rows, built = _search_encoders(manifest, target, development, calibration, flags, out)
     winner = choose(rows)
     if winner is None:
         raise _no_winner(manifest, target, rows)
-    made = built[winner["name"]][0]
+    made = built[winner["name"]]
     for file in made["graph"].parent.iterdir():
         if file.suffix in (".onnx", ".xml", ".bin"):
             shutil.copyfile(file, out / file.name)
@@ -234,12 +253,12 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:
-    """Search the target's candidates and record the chosen one (CPU targets with [[candidates]], encoders)."""
+    """Search the target's candidates for the checkpoint's family and record the chosen one."""
     if not applies(manifest, target):
         return manifest
     texts = calibration_texts(manifest, target, target.quantize)
     config = SearchConfig(
-        candidates=tuple(dataclasses.asdict(c) for c in target.candidates),
+        candidates=tuple(dataclasses.asdict(c) for c in target.family_candidates(family(manifest))),
         quantize=dataclasses.asdict(target.quantize),
         accuracy=target.to_dict()["accuracy"],
         batch_size=target.shapes.batch_size,

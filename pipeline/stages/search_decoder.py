@@ -1,0 +1,137 @@
+"""The engine and precision search for decoders: the target's decoder [[candidates]] (fp32, int8 and int4
+weight-only MatMulNBits) built, judged and timed side by side.
+
+Each candidate is judged the cheap way, by one teacher-forced pass over the development split of the calibration
+text against PyTorch (top-1 agreement and perplexity ratio, at the candidate's own thresholds), and timed on the
+build host, candidates alternating run by run, at three shapes:
+
+    ttft_1x128   time to first token of one 128-token prompt
+    decode_1     ms per generated token, one row
+    decode_8     ms per step, eight rows (16-token prompts)
+
+The fastest that passes is chosen; validation then holds it to its full gate (greedy continuations included) on
+held-out text. A candidate that misses is a row in the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench.common import median_range
+from pipeline.errors import PipelineError
+from pipeline.manifest import Manifest, candidate_model
+from pipeline.metrics import closeness, failures, teacher_forced_stats, teacher_outputs
+from pipeline.progress import note, progress
+from pipeline.quantization import quantize_weight_only
+from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
+from pipeline.runtime.kv_cache import Decoding
+from pipeline.targets import Candidate, Target
+
+PROMPT = 128
+DECODE_STEPS = 16
+DECODE_BATCH = 8
+
+
+def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path) -> Path:
+    """The candidate's graph in `work`: the optimized fp32 graph, or its MatMul weights in `bits`-bit blocks."""
+    work.mkdir(parents=True)
+    fp32 = manifest.stage("optimize").output("model.onnx")
+    if candidate.quantize == "none":
+        shutil.copyfile(fp32, work / "model.onnx")
+    elif candidate.quantize == "weight_only":
+        settings = dataclasses.replace(target.quantize, mode="weight_only", bits=candidate.bits)
+        quantize_weight_only(fp32, work / "model.onnx", settings)
+    else:
+        raise ValueError(f"quantize = {candidate.quantize!r} is not a decoder recipe (none or weight_only)")
+    return work / "model.onnx"
+
+
+def _rows(model, texts: list[str]) -> tuple[list[int], list[list[int]]]:
+    """A prompt of PROMPT tokens (the texts run together), and DECODE_BATCH prompts of 16 tokens."""
+    ids = [i for e in model.encode(texts) for i in e.ids]
+    ids = (ids * (PROMPT // max(len(ids), 1) + 1))[: min(PROMPT, model.max_length - DECODE_STEPS - 1)]
+    short = [(ids[k:] + ids)[:16] for k in range(DECODE_BATCH)]
+    return ids, short
+
+
+def _once(model, rows: list[list[int]], steps: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds per later step) of greedy decoding of `rows`."""
+    state = Decoding(model, rows, max(map(len, rows)) + steps + 1)
+    started = time.perf_counter()
+    logits = state.step()
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(steps):
+        logits = state.step(logits.argmax(-1))
+    return first, (time.perf_counter() - started) / max(steps, 1)
+
+
+def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
+    """Each model's ms per shape as [median, p10, p90], alternating models run by run after a warm-up each."""
+    long, short = _rows(next(iter(models.values())), texts)
+    runs = {name: {"ttft_1x128": [], "decode_1": [], f"decode_{DECODE_BATCH}": []} for name in models}
+    for model in models.values():
+        _once(model, [long], 2)
+    for _ in progress(range(reps), "search: timing decoders"):
+        for name, model in models.items():
+            runs[name]["ttft_1x128"].append(_once(model, [long], 0)[0] * 1000)
+            runs[name]["decode_1"].append(_once(model, [short[0]], DECODE_STEPS)[1] * 1000)
+            runs[name][f"decode_{DECODE_BATCH}"].append(_once(model, short, DECODE_STEPS)[1] * 1000)
+    return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
+
+
+def candidate_row(candidate: Candidate, status: str, **values) -> dict:
+    """A candidate's row in the search table."""
+    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
+            "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
+            "status": status, **values}  # fmt: skip
+
+
+def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[object, dict]:
+    """The candidate's runtime model and its row's statistics against the PyTorch teacher-forced reference."""
+    model = candidate_model(manifest, target, graph)
+    stats = teacher_forced_stats(reference, teacher_outputs(model, reference, target.shapes.batch_size))
+    if not all(np.isfinite(v) for v in stats.values()):
+        stats["finite"] = False
+    return model, stats
+
+
+def search_decoders(manifest: Manifest, target: Target, development: list[str], flags, out: Path) -> tuple:
+    """Build, judge and time every decoder candidate; returns (rows, {name: graph path}) for the built ones."""
+    checkpoint = manifest.checkpoint
+    torch_model = load_torch_model(checkpoint)
+    reference = teacher_forced(torch_model, load_hf_tokenizer(checkpoint), development, checkpoint.max_length)
+    del torch_model
+    rows, built = [], {}
+    for candidate in progress(target.family_candidates("decoder"), "search: building decoder candidates"):
+        missing = sorted(set(candidate.required_cpu_flags) - flags)
+        if missing:
+            rows.append(candidate_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
+            continue
+        started = time.perf_counter()
+        gate = target.with_candidate(candidate.name).accuracy
+        try:
+            graph = _build(manifest, target, candidate, out / "work" / candidate.name)
+            model, stats = _judge(manifest, target, candidate, graph, reference)
+        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
+            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
+            continue
+        missed = failures(stats, gate)
+        row = candidate_row(
+            candidate, "passed" if not missed else "missed", missed=missed, closeness=closeness(stats, gate),
+            build_seconds=round(time.perf_counter() - started, 2), **stats,
+        )  # fmt: skip
+        rows.append(row)
+        built[candidate.name] = (graph, model)
+        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(stats.items())))
+    timings = _time({name: model for name, (_, model) in built.items()}, development) if built else {}
+    for row in rows:
+        timed = timings.get(row["name"])
+        row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
+        row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
+    return rows, {name: graph for name, (graph, _) in built.items()}

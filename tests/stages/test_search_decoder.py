@@ -1,0 +1,84 @@
+"""The decoder search: fp32, int8 and int4 weight-only candidates judged by a teacher-forced pass at their own
+thresholds, timed at decode shapes, and the chosen one validated at its thresholds."""
+
+import json
+
+import pytest
+
+from pipeline.build import build
+from pipeline.errors import AccuracyError
+from pipeline.runtime import load
+from pipeline.targets import load_target
+
+from ..conftest import write_target
+from ..tiny import make_decoder
+
+FP32 = {"name": "fp32", "family": "decoder", "engine": "onnxruntime", "precision": "fp32",
+        "accuracy": {"teacher_top1_agreement": 0.99, "perplexity_ratio": 1.001}}  # fmt: skip
+INT4 = {"name": "int4", "family": "decoder", "engine": "onnxruntime", "precision": "int4", "quantize": "weight_only",
+        "bits": 4}  # fmt: skip
+
+
+def _build(checkpoint, target, texts_file, calibration_file, root):
+    return build(checkpoint, str(target), validation=texts_file, calibration=calibration_file,
+                 artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="module")
+def searched(llama, texts_file, calibration_file, tmp_path_factory):
+    """The tiny Llama built for cpu-avx2: its decoder candidates searched."""
+    return _build(llama, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
+
+
+def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(searched):
+    metrics = searched.stage("search").metrics
+    rows = metrics["candidates"]
+    expected = load_target("cpu-avx2").family_candidates("decoder")
+    assert [r["name"] for r in rows] == [c.name for c in expected]
+    assert [r["bits"] for r in rows] == [None, 8, 4]
+    for row in rows:
+        assert row["status"] in ("passed", "missed")
+        assert 0 <= row["teacher_top1_agreement"] <= 1 and row["perplexity_ratio"] > 0
+        assert set(row["latency_ms"]) == {"ttft_1x128", "decode_1", "decode_8"}
+        assert all(v > 0 for v in row["latency_ms"].values())
+    fp32 = rows[0]
+    assert fp32["status"] == "passed" and fp32["teacher_top1_agreement"] == 1.0
+    passing = [r for r in rows if r["status"] == "passed"]
+    assert [r["name"] for r in rows if r["chosen"]] == [min(passing, key=lambda r: r["score"])["name"]]
+
+
+def test_validation_holds_the_chosen_candidate_to_its_own_thresholds(searched):
+    chosen = searched.stage("search").metrics["chosen"]
+    gate = load_target("cpu-avx2").with_candidate(chosen).accuracy
+    verdict = {row["metric"]: row["threshold"] for row in searched.stage("validate").metrics["verdict"]}
+    assert verdict["perplexity_ratio"] == gate.perplexity_ratio
+    assert verdict["greedy_match"] == gate.greedy_match
+    published = json.loads(open(f"{searched.published['path']}/manifest.json").read())
+    assert published["target_spec"]["accuracy"]["perplexity_ratio"] == gate.perplexity_ratio
+    [completion] = load(searched.published["path"]).generate(["The cat sat"], max_new_tokens=4, eos=False)
+    assert len(completion.token_ids) == 4
+
+
+def test_a_decoder_candidate_that_misses_is_a_row_and_the_one_that_passes_is_chosen(
+    llama, texts_file, calibration_file, tmp_path
+):
+    impossible = {**INT4, "accuracy": {"perplexity_ratio": 1.0, "teacher_top1_agreement": 1.0, "greedy_match": 0.0}}
+    target = write_target(tmp_path, "mixed", base="cpu-avx2", candidates=[FP32, impossible])
+    manifest = _build(llama, target, texts_file, calibration_file, tmp_path)
+    rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
+    assert rows["int4"]["status"] == "missed" and rows["int4"]["missed"]
+    assert rows["fp32"]["chosen"] and manifest.published["path"]
+
+
+def test_decoder_build_fails_naming_the_closest_when_no_candidate_passes(llama, texts_file, calibration_file, tmp_path):
+    gate = {"perplexity_ratio": 1.0, "teacher_top1_agreement": 1.0}
+    int8 = {**INT4, "name": "int8", "bits": 8, "precision": "int8", "accuracy": gate}
+    target = write_target(tmp_path, "strict", base="cpu-avx2", candidates=[int8, {**INT4, "accuracy": gate}])
+    with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was int[48]: "):
+        _build(llama, target, texts_file, calibration_file, tmp_path)
+    assert not list((tmp_path / "a").rglob("manifest.json"))
