@@ -1,5 +1,7 @@
-"""gqa_from_decomposed: a graph pass that replaces the decomposed attention of a Llama-style decoder export with
-ONNX Runtime's GroupQueryAttention contrib op, rotary embedding inside, Q/K/V packed into one MatMul.
+"""gqa_from_decomposed: a graph pass that replaces the decomposed attention of a decoder export with ONNX Runtime's
+GroupQueryAttention contrib op: Llama and Qwen2 with rotary embedding inside and Q/K/V packed into one MatMul;
+GPT-2 (Q/K/V already packed by c_attn, learned positions) with kv_num_heads = num_heads, which is multi-head
+attention with the same cache handling.
 
 Per layer, optimum's export computes
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FUSABLE = ("llama", "qwen2")
+FUSABLE = ("llama", "qwen2", "gpt2")
 # ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention for other head sizes.
 HEAD_SIZE_MULTIPLE = 16
 
@@ -34,6 +36,10 @@ def fusion_problem(model) -> str | None:
     config = model.config
     if config.model_type not in FUSABLE:
         return f"{config.model_type} attention has no GroupQueryAttention rewrite (only {', '.join(FUSABLE)})"
+    if config.model_type == "gpt2":
+        if getattr(config, "scale_attn_by_inverse_layer_idx", False) or not getattr(config, "scale_attn_weights", 1):
+            return "GPT-2 attention scaled other than by 1/sqrt(head size) is not rewritten"
+        return None
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention is not rewritten"
     head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -122,9 +128,53 @@ def _prune(graph) -> None:
         field.extend(alive)
 
 
-def gqa_from_decomposed(graph, layers: int, heads: int, kv_heads: int, cos: np.ndarray, sin: np.ndarray) -> dict:
-    """Rewrite `graph` (an optimum Llama/Qwen2 export, ModelProto) in place; returns node counts before and after.
-    Raises LookupError, changing nothing, when a layer's projections are not where the export puts them."""
+def _llama_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
+    """Where a Llama/Qwen2 layer's attention starts and ends: its q/k/v projections (packed here into one MatMul,
+    with their biases where they have them) and the o_proj MatMul that reads the attention's output."""
+    from onnx import helper, numpy_helper
+
+    prefix = f"/model/layers.{layer}/self_attn/"
+    parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
+    o_proj = nodes.get(f"{prefix}o_proj/MatMul")
+    if o_proj is None or len({p[0] for p in parts}) != 1:
+        raise LookupError(f"layer {layer}: o_proj, or one input shared by q, k and v projections")
+    if len({b is None for _, _, b in parts}) != 1:
+        raise LookupError(f"layer {layer}: a bias on all of q, k and v or on none")
+
+    def build(arrays: dict) -> tuple[list, str]:
+        name = f"{prefix}qkv_proj"
+        loaded = [(numpy_helper.to_array(w), None if b is None else numpy_helper.to_array(b)) for _, w, b in parts]
+        arrays[f"{name}.weight"] = np.concatenate([w for w, _ in loaded], axis=1)
+        made = [helper.make_node("MatMul", [parts[0][0], f"{name}.weight"], [f"{name}/out"], name=f"{name}/MatMul")]
+        if loaded[0][1] is None:
+            return made, f"{name}/out"
+        arrays[f"{name}.bias"] = np.concatenate([b for _, b in loaded])
+        made.append(helper.make_node("Add", [f"{name}/out", f"{name}.bias"], [f"{name}/biased"], name=f"{name}/Add"))
+        return made, f"{name}/biased"
+
+    return {"prefix": prefix, "build": build, "readers": [o_proj], "replaces": o_proj.input[0]}
+
+
+def _gpt2_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
+    """Where a GPT-2 layer's attention starts and ends: c_attn's output, already Q, K and V packed [b, s, 3h] in the
+    order the op takes, and the merged heads c_proj reads."""
+    prefix = f"/transformer/h.{layer}/attn/"
+    packed, merged = nodes.get(f"{prefix}c_attn/Reshape_1"), nodes.get(f"{prefix}Reshape_3")
+    if packed is None or merged is None:
+        raise LookupError(f"layer {layer}: {prefix}c_attn/Reshape_1 and {prefix}Reshape_3")
+    readers = [n for n in g.node if merged.output[0] in n.input]
+    return {"prefix": prefix, "build": lambda arrays: ([], packed.output[0]), "readers": readers,
+            "replaces": merged.output[0]}  # fmt: skip
+
+
+LAYOUTS = {"llama": _llama_layer, "qwen2": _llama_layer, "gpt2": _gpt2_layer}
+
+
+def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
+    """Rewrite `graph` (an optimum export of `model_type`, ModelProto) in place; returns node counts before and
+    after. `rotary` is the (cos, sin) cache for rotary embedding inside the op, or None (GPT-2's positions are
+    learned, added before the first layer). Raises LookupError, changing nothing, when a layer's attention is
+    not where the export puts it."""
     from onnx import helper, numpy_helper
 
     g = graph.graph
@@ -133,46 +183,28 @@ def gqa_from_decomposed(graph, layers: int, heads: int, kv_heads: int, cos: np.n
     weights = {i.name: i for i in g.initializer}
     # The exporter shares equal initializers (zero biases of a random model) through Identity nodes.
     weights |= {n.output[0]: weights[n.input[0]] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
-    arrays = {}
-    plans = []
-    for layer in range(layers):
-        prefix = f"/model/layers.{layer}/self_attn/"
-        parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
-        o_proj = nodes.get(f"{prefix}o_proj/MatMul")
-        if o_proj is None or len({p[0] for p in parts}) != 1:
-            raise LookupError(f"layer {layer}: o_proj, or one input shared by q, k and v projections")
-        if len({b is None for _, _, b in parts}) != 1:
-            raise LookupError(f"layer {layer}: a bias on all of q, k and v or on none")
-        plans.append((layer, prefix, parts, o_proj))
-    for layer, prefix, parts, o_proj in plans:
-        name = f"{prefix}qkv_proj"
-        loaded = [(numpy_helper.to_array(w), None if b is None else numpy_helper.to_array(b)) for _, w, b in parts]
-        arrays[f"{name}.weight"] = np.concatenate([w for w, _ in loaded], axis=1)
-        fused = [helper.make_node("MatMul", [parts[0][0], f"{name}.weight"], [f"{name}/out"], name=f"{name}/MatMul")]
-        query = f"{name}/out"
-        if loaded[0][1] is not None:
-            arrays[f"{name}.bias"] = np.concatenate([b for _, b in loaded])
-            fused.append(helper.make_node("Add", [query, f"{name}.bias"], [f"{name}/biased"], name=f"{name}/Add"))
-            query = f"{name}/biased"
-        past, present = (
-            [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")],
-            [f"present.{layer}.{kv}" for kv in ("key", "value")],
-        )
+    plans = [LAYOUTS[model_type](g, nodes, weights, layer) for layer in range(layers)]
+    arrays = {"gqa/cos": rotary[0], "gqa/sin": rotary[1]} if rotary is not None else {}
+    caches = ["gqa/cos", "gqa/sin"] if rotary is not None else ["", ""]
+    for layer, plan in enumerate(plans):
+        made, query = plan["build"](arrays)
+        past = [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")]
+        present = [f"present.{layer}.{kv}" for kv in ("key", "value")]
         for node in [n for n in g.node if set(n.output) & set(present)]:
             g.node.remove(node)
-        fused.append(
+        out = f"{plan['prefix']}gqa/out"
+        made.append(
             helper.make_node(
-                "GroupQueryAttention",
-                [query, "", "", *past, "gqa/seqlens_k", "gqa/total", "gqa/cos", "gqa/sin", "", "gqa/bias"],
-                [f"{prefix}gqa/out", *present], name=f"{prefix}GroupQueryAttention", domain="com.microsoft",
-                num_heads=heads, kv_num_heads=kv_heads, do_rotary=1,
+                "GroupQueryAttention", [query, "", "", *past, "gqa/seqlens_k", "gqa/total", *caches, "", "gqa/bias"],
+                [out, *present], name=f"{plan['prefix']}GroupQueryAttention", domain="com.microsoft",
+                num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary is not None),
             )
         )  # fmt: skip
-        o_proj.input[0] = f"{prefix}gqa/out"
-        at = list(g.node).index(o_proj)
-        for offset, node in enumerate(fused):
+        for reader in plan["readers"]:
+            reader.input[:] = [out if i == plan["replaces"] else i for i in reader.input]
+        at = min(list(g.node).index(reader) for reader in plan["readers"])
+        for offset, node in enumerate(made):
             g.node.insert(at + offset, node)
-    arrays.update({"gqa/cos": cos, "gqa/sin": sin})
     g.initializer.extend(numpy_helper.from_array(a, n) for n, a in arrays.items())
     for offset, node in enumerate(_mask_nodes(helper, numpy_helper)):
         g.node.insert(offset, node)

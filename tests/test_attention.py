@@ -44,8 +44,19 @@ def test_llama_style_attention_becomes_one_group_query_attention_per_layer(model
         assert sum(n.name.endswith("qkv_proj/Add") for n in graph.graph.node) == 2
 
 
-def test_gpt2_keeps_its_attention_and_the_report_says_why(tmp_path):
+def test_gpt2_attention_becomes_group_query_attention_with_as_many_kv_heads_as_heads(tmp_path):
     metrics, graph = _export(tmp_path, "gpt2")
-    assert metrics["attention"]["op"] is None and "gpt2" in metrics["attention"]["why"]
+    ops = Counter(n.op_type for n in graph.graph.node)
+    assert metrics["attention"]["op"] == "GroupQueryAttention" and metrics["spec"]["cache"] == "shared"
+    assert ops["GroupQueryAttention"] == 2 and ops["Softmax"] == ops["Where"] == 0
+    gqa = next(n for n in graph.graph.node if n.op_type == "GroupQueryAttention")
+    assert {a.name: a.i for a in gqa.attribute} == {"num_heads": 4, "kv_num_heads": 4, "do_rotary": 0}
+    assert gqa.input[0].endswith("c_attn/Reshape_1_output_0")  # c_attn's packed Q/K/V, as it was
+    assert metrics["attention"]["nodes_after"] < metrics["attention"]["nodes_before"] * 0.6
+
+
+def test_gpt_neox_keeps_its_attention_and_the_report_says_why(tmp_path):
+    metrics, graph = _export(tmp_path, "gpt_neox")
+    assert metrics["attention"]["op"] is None and "gpt_neox" in metrics["attention"]["why"]
     assert metrics["spec"]["cache"] == "concat"
     assert not any(n.domain == "com.microsoft" for n in graph.graph.node)

@@ -178,11 +178,13 @@ def _fused_attention(graph, model, max_length: int) -> dict:
     problem = fusion_problem(model)
     if problem is None:
         config = model.config
-        cos, sin = rotary_cache(model, max_length)
+        rotary = rotary_cache(model, max_length) if config.model_type != "gpt2" else None
+        heads = config.num_attention_heads
         try:
             counts = gqa_from_decomposed(
-                graph, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, cos, sin
-            )
+                graph, config.model_type, config.num_hidden_layers, heads,
+                getattr(config, "num_key_value_heads", heads), rotary,
+            )  # fmt: skip
             return {**counts, "cache": "shared"}
         except LookupError as err:
             problem = f"the export's attention is not laid out as expected: no {err}"

@@ -65,8 +65,13 @@ def test_shared_cache_is_written_in_place_without_a_copy_per_step(llama):
     assert capacity == {max(map(len, rows)) + 8}
 
 
-def test_concat_cache_of_an_unfused_graph_gets_new_buffers_each_step(published_gpt2):
-    model = load(published_gpt2)
+def test_concat_cache_of_an_unfused_graph_gets_new_buffers_each_step(tmp_path, texts_file):
+    from pipeline.build import build
+
+    folder = make_decoder(tmp_path / "tiny-gpt-neox", "gpt_neox")
+    manifest = build(folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
+                     artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")  # fmt: skip
+    model = load(manifest.published["path"])
     assert model.spec["cache"] == "concat"
     state = Decoding(model, [e.ids for e in model.encode(SMALL_TEXTS[:2])], 64)
     seen = _addresses(state, 4)
