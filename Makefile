@@ -3,12 +3,15 @@
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
+# make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32 and int4 models of MODEL, which `make bench`
+#   then runs beside the artifact
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TRITON_VENV := .venv-triton
 TRITON_STAMP := $(TRITON_VENV)/.installed
+GENAI_VENV := .venv-genai
 TARGET ?= native
 MODEL ?=
 NAME ?=
@@ -16,7 +19,7 @@ CALIBRATION ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 genai-models
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
@@ -27,8 +30,25 @@ build: $(STAMP)
 RESOLVED_TARGET = $(if $(filter native,$(TARGET)),$(shell $(BIN)/python -c "from pipeline.runtime.host import kernel_class; from pipeline.targets import native_target; print(native_target(kernel_class()))"),$(TARGET))
 ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr A-Z a-z | sed -E 's/[^a-z0-9._-]+/-/g; s/^[-.]+//; s/[-.]+$$//'),all-minilm-l6-v2))/latest/$(RESOLVED_TARGET)
 
+# onnxruntime-genai's models of MODEL, where `make genai-models` made them: the decoder benchmark's peers.
+GENAI_DIR = .cache/genai/$(notdir $(abspath $(or $(MODEL),.)))
+GENAI_PEERS = $(foreach p,fp32 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
+
 bench: build
-	$(BIN)/python -m pipeline bench "$(ARTIFACT)"
+	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(GENAI_PEERS)
+
+# onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
+# runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
+# there, but a stray token.py would be). int4: blocks of 32, accuracy level 4, as the decoder issue measured.
+genai-models:
+	@test -n "$(MODEL)" || (echo "make genai-models needs MODEL=<checkpoint folder>, e.g. MODEL=.cache/smollm2"; exit 2)
+	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/python -m pip install -q torch==2.13.0 onnxruntime-genai==0.18.0 transformers==5.25.0 onnx
+	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
+		-o "$(abspath $(GENAI_DIR))-fp32" -p fp32 -e cpu -c "$(abspath .cache/genai/hf)"
+	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
+		-o "$(abspath $(GENAI_DIR))-int4" -p int4 -e cpu -c "$(abspath .cache/genai/hf)" \
+		--extra_options int4_accuracy_level=4 int4_block_size=32
 
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
@@ -58,7 +78,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[build,dev,serve]'
+	$(BIN)/python -m pip install -q -e '.[build,dev,serve,genai]'
 	touch $@
 
 # The runtime with a local Triton server (nvidia-pytriton), in its own environment because nvidia-pytriton pins

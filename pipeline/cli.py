@@ -185,8 +185,10 @@ def inspect_artifact(artifact) -> None:
 @click.option("--calibration-memory", "calibration", default=None, metavar="N,N",
               help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)")  # fmt: skip
 @click.option("--method", default="entropy", show_default=True, help="calibration method for --calibration-memory")
-def bench(artifact, baseline, cache_dir, out, quick, calibration, method) -> None:
-    """Benchmark ARTIFACT against PyTorch eager and its unoptimized and fp32 graphs."""
+@click.option("--genai", "genai", multiple=True, metavar="NAME=DIR",
+              help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)")  # fmt: skip
+def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai) -> None:
+    """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
     from pipeline.bench import markdown, run
 
     if calibration:
@@ -203,9 +205,14 @@ def bench(artifact, baseline, cache_dir, out, quick, calibration, method) -> Non
             click.echo(f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
                        f"{row['seconds']} s")  # fmt: skip
         return
-    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick)
+    bad = [g for g in genai if "=" not in g]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not NAME=DIR, e.g. genai-int4=.cache/genai/smollm2-int4")
+    peers = dict(g.split("=", 1) for g in genai)
+    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick,
+                  peers=peers)  # fmt: skip
     click.echo(markdown(results))
-    written = "bench.json, bench.md" + ("" if "batches" in results else ", bench.png")
+    written = "bench.json, bench.md, " + ("bench-prompt*.png" if "runs" in results else "bench.png")
     click.echo(f"wrote {results['written_to']}/{written}")
 
 

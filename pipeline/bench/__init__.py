@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None = "pytorch", quick: bool = False):
-    """Benchmark an artifact: the decoder benchmark for text generation, else the encoder one."""
+def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None = "pytorch", quick: bool = False,
+        peers: dict | None = None):  # fmt: skip
+    """Benchmark an artifact: the decoder benchmark for text generation (with onnxruntime-genai `peers`, {name:
+    model folder}), else the encoder one."""
     from pipeline.runtime.artifact import verify_artifact
 
     manifest = verify_artifact(artifact)
@@ -21,7 +23,7 @@ def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None
         from pipeline.bench.generation import bench_generation
 
         settings = {"batch_sizes": (1, 8), "new_tokens": 16, "reps": 2} if quick else {}
-        return bench_generation(artifact, out_dir, baseline=baseline, **settings)
+        return bench_generation(artifact, out_dir, baseline=baseline, peers=peers, **settings)
     from pipeline.bench.encoder import bench
 
     settings = {"batch_sizes": (1, 8), "seq_lens": (16, 128), "min_rounds": 3, "max_rounds": 10, "servers": False}
@@ -31,7 +33,7 @@ def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None
 
 def markdown(results: dict) -> str:
     """A benchmark's results as Markdown."""
-    if "batches" in results:
+    if "runs" in results:
         from pipeline.bench.generation import markdown as generation_markdown
 
         return generation_markdown(results)

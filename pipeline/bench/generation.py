@@ -1,20 +1,25 @@
 """Generation speed: time to first token and decode tokens/s of a decoder artifact against transformers' generate
-in PyTorch, on the same prompts, alternating run by run in one process.
+in PyTorch and, given their model folders, onnxruntime-genai's models of the same checkpoint, on the same prompts
+(16 and 128 tokens), alternating run by run in one process.
 
-Both sides tokenize, left-pad, and generate exactly N tokens greedily (the end-of-sequence token suppressed, so
+Every variant tokenizes, left-pad, and generate exactly N tokens greedily (the end-of-sequence token suppressed, so
 every row runs N steps). Time to first token (TTFT) is a run of one new token; decode tokens/s is the
 (N - 1) * batch tokens of the remaining steps over the time a run of N takes beyond a run of one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.bench.common import bench_folder, identity, percentile, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.errors import InputError
 from pipeline.progress import progress
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
@@ -67,6 +72,93 @@ def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens:
     return {"new_tokens": new_tokens, "prompts": len(prompts), "reps": reps, "batches": results}
 
 
+class _TimedSession:
+    """An ONNX Runtime session that adds up the seconds spent inside run_with_iobinding; the rest is the loop's."""
+
+    def __init__(self, session):
+        self.session, self.seconds, self.runs = session, 0.0, 0
+
+    def run_with_iobinding(self, binding, *args):
+        started = time.perf_counter()
+        try:
+            return self.session.run_with_iobinding(binding, *args)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.runs += 1
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def loop_overhead(model, prompt: str, new_tokens: int, reps: int = 5) -> dict:
+    """The generation loop's own cost per step at batch 1, outside ONNX Runtime: median over `reps` runs of
+    (the time of a greedy generate of `new_tokens` tokens - the time inside the session) / steps."""
+    real, timed = model.session, _TimedSession(model.session)
+    model.session = timed
+    per_step, inside = [], []
+    try:
+        for _ in range(reps + 1):  # the first is a warm-up
+            timed.seconds, timed.runs = 0.0, 0
+            started = time.perf_counter()
+            model.generate([prompt], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            total = time.perf_counter() - started
+            per_step.append((total - timed.seconds) / timed.runs * 1000)
+            inside.append(timed.seconds / timed.runs * 1000)
+    finally:
+        model.session = real
+    return {
+        "overhead_ms_per_step": statistics.median(per_step[1:]),
+        "session_ms_per_step": statistics.median(inside[1:]),
+    }
+
+
+def exact_prompts(tokenizer, texts: list[str], length: int, count: int) -> list[str]:
+    """`count` different prompts that the artifact's tokenizer makes exactly `length` tokens of (special tokens
+    included), cut from `texts` run together at different offsets."""
+    ids = [i for text in texts for i in tokenizer.encode(text, add_special_tokens=False).ids]
+    prompts, offset = [], 0
+    while len(prompts) < count and offset + length + 2 < len(ids):
+        for cut in (length, length - 1, length - 2, length + 1):
+            text = tokenizer.decode(ids[offset : offset + cut])
+            if len(tokenizer.encode(text).ids) == length:
+                prompts.append(text)
+                break
+        offset += 13
+    if len(prompts) < count:
+        raise InputError(f"the benchmark text holds too few tokens for {count} prompts of {length} tokens")
+    return prompts
+
+
+def genai_runner(folder: Path, tokenizer):
+    """generate(batch, n): onnxruntime-genai's greedy generation of exactly n tokens per prompt, from a model folder
+    its builder wrote (genai_config.json). Token ids come from the artifact's tokenizer, right-padded as genai
+    pads: genai 0.18's own tokenizer encodes SmolLM2's tokenizer.json into -1 ids."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        raise InputError("a genai peer needs onnxruntime-genai: pip install pipeline[genai]") from None
+    folder = Path(folder)
+    if not (folder / "genai_config.json").is_file():
+        raise InputError(f"{folder} has no genai_config.json; pass a folder onnxruntime-genai's builder wrote")
+    model = og.Model(str(folder))
+    pad = int(json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"])
+
+    def run(batch: list[str], n: int):
+        rows = [e.ids for e in tokenizer.encode_batch(batch)]
+        width = max(map(len, rows))
+        ids = np.full((len(rows), width), pad, dtype=np.int32)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = row
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, batch_size=len(rows), max_length=width + n, min_length=width + n)
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        while not generator.is_done():
+            generator.generate_next_token()
+
+    return run
+
+
 def bench_generation(
     artifact: str | Path,
     out_dir: str | Path | None = None,
@@ -74,8 +166,12 @@ def bench_generation(
     new_tokens: int = 64,
     reps: int = 5,
     baseline: str | None = "pytorch",
+    prompt_tokens=(16, 128),
+    peers: dict | None = None,
 ) -> dict:
-    """Benchmark a decoder artifact against PyTorch generate; writes bench.json and bench.md to `out_dir`."""
+    """Benchmark a decoder artifact against PyTorch generate and any onnxruntime-genai `peers` ({name: model
+    folder}), at prompts of each of `prompt_tokens` tokens; writes bench.json, bench.md and one picture per prompt
+    length to `out_dir`."""
     import torch
 
     from pipeline.reference import checkpoint_from_source, generate_runner, load_hf_tokenizer, load_torch_model
@@ -87,42 +183,58 @@ def bench_generation(
     session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
     model = open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}
+    runners.update({name: genai_runner(folder, model.tokenizer) for name, folder in (peers or {}).items()})
     if baseline == "pytorch":
         torch.set_num_threads(threads)
         checkpoint = checkpoint_from_source(manifest["source"])
         runners = {PYTORCH: generate_runner(load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)), **runners}
-    prompts = read_texts(DEFAULT_VALIDATION, "benchmark")[:64]
-    new_tokens = max(2, min(new_tokens, int(manifest["model"]["max_length"]) - 64))
-    speed = generation_speed(runners, prompts, batch_sizes, new_tokens, reps)
-    results = {**identity(manifest, real, threads), **speed}
+    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
+    room = int(manifest["model"]["max_length"])
+    runs = {}
+    for length in prompt_tokens:
+        n = max(2, min(new_tokens, room - length))
+        prompts = exact_prompts(model.tokenizer, texts, length, max(batch_sizes))
+        runs[str(length)] = generation_speed(runners, prompts, batch_sizes, n, reps)
+        runs[str(length)]["loop"] = loop_overhead(model, prompts[0], n)
+    results = {**identity(manifest, real, threads), "reps": reps, "prompt_tokens": list(prompt_tokens), "runs": runs}
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
     from pipeline.bench.plot import plot_generation
 
-    plot_generation(results, out / "bench.png", PYTORCH, ARTIFACT)
+    for length, speed in runs.items():
+        plot_generation({**results, **speed}, out / f"bench-prompt{length}.png", PYTORCH, ARTIFACT)
     results["written_to"] = str(out)
     return results
 
 
 def markdown(results: dict) -> str:
-    """The results as a Markdown table, ratios against PyTorch generate."""
+    """The results as Markdown tables, one per prompt length, ratios against PyTorch generate."""
     host = results["host"]
     versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
     lines = [
         f"# {results['model_name']} {results['version']} {results['target']}",
         "",
         f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
-        f"{versions}. {results['new_tokens']} new tokens, {results['prompts']} prompts; each figure is the median "
-        f"[p10, p90] of {results['reps']} rounds alternating between the variants.",
-        "",
-        "| variant | batch | TTFT ms | decode tokens/s | TTFT vs PyTorch | decode vs PyTorch |",
-        "|---|---|---|---|---|---|",
+        f"{versions}. Each figure is the median [p10, p90] of {results['reps']} rounds alternating between the "
+        "variants.",
     ]
-    for batch, row in results["batches"].items():
-        for name, v in row.items():
-            ratios = [f"x{v[k]:.2f}" if k in v else "-" for k in ("ttft_speedup", "decode_speedup")]
-            ttft, rate = v["ttft_range_ms"], v["decode_range_tokens_per_s"]
-            lines.append(
-                f"| {name} | {batch.removeprefix('batch_')} | {v['ttft_ms']:.2f} [{ttft[0]:.2f}, {ttft[1]:.2f}] | "
-                f"{v['decode_tokens_per_s']:.1f} [{rate[0]:.1f}, {rate[1]:.1f}] | {ratios[0]} | {ratios[1]} |"
-            )
+    for length, speed in results["runs"].items():
+        loop = speed["loop"]
+        lines += [
+            "",
+            f"## Prompts of {length} tokens, {speed['new_tokens']} new tokens",
+            "",
+            f"The artifact's generation loop costs {loop['overhead_ms_per_step']:.3f} ms a step outside ONNX Runtime "
+            f"at batch 1 ({loop['session_ms_per_step']:.3f} ms inside it).",
+            "",
+            "| variant | batch | TTFT ms | decode tokens/s | TTFT vs PyTorch | decode vs PyTorch |",
+            "|---|---|---|---|---|---|",
+        ]
+        for batch, row in speed["batches"].items():
+            for name, v in row.items():
+                ratios = [f"x{v[k]:.2f}" if k in v else "-" for k in ("ttft_speedup", "decode_speedup")]
+                ttft, rate = v["ttft_range_ms"], v["decode_range_tokens_per_s"]
+                lines.append(
+                    f"| {name} | {batch.removeprefix('batch_')} | {v['ttft_ms']:.2f} [{ttft[0]:.2f}, {ttft[1]:.2f}] | "
+                    f"{v['decode_tokens_per_s']:.1f} [{rate[0]:.1f}, {rate[1]:.1f}] | {ratios[0]} | {ratios[1]} |"
+                )
     return "\n".join(lines) + "\n"

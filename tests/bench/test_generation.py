@@ -1,23 +1,56 @@
 import json
 
-from pipeline.bench.generation import ARTIFACT, PYTORCH, bench_generation, generation_speed
+import pytest
+
+from pipeline.bench.generation import ARTIFACT, PYTORCH, bench_generation, exact_prompts, genai_runner, generation_speed
+from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.errors import InputError
+from pipeline.runtime import load
 
 
-def test_bench_generation_writes_ttft_and_decode_rates_with_ratios(published_gpt2, tmp_path):
-    results = bench_generation(published_gpt2, out_dir=tmp_path, batch_sizes=(1, 3), new_tokens=6, reps=1)
-    assert set(results["batches"]) == {"batch_1", "batch_3"}
-    for row in results["batches"].values():
-        assert set(row) == {PYTORCH, ARTIFACT}
-        assert row[PYTORCH]["decode_speedup"] == 1.0 and row[PYTORCH]["ttft_speedup"] == 1.0
-        artifact = row[ARTIFACT]
-        assert artifact["ttft_ms"] > 0 and artifact["decode_tokens_per_s"] > 0
-        assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"]
+def test_bench_generation_writes_ttft_and_decode_rates_with_ratios_per_prompt_length(published_gpt2, tmp_path):
+    results = bench_generation(published_gpt2, out_dir=tmp_path, batch_sizes=(1, 3), new_tokens=6, reps=1,
+                               prompt_tokens=(16, 40))  # fmt: skip
+    assert set(results["runs"]) == {"16", "40"}
+    for speed in results["runs"].values():
+        assert set(speed["batches"]) == {"batch_1", "batch_3"} and speed["new_tokens"] == 6
+        assert 0 < speed["loop"]["overhead_ms_per_step"] and 0 < speed["loop"]["session_ms_per_step"]
+        for row in speed["batches"].values():
+            assert set(row) == {PYTORCH, ARTIFACT}
+            assert row[PYTORCH]["decode_speedup"] == 1.0 and row[PYTORCH]["ttft_speedup"] == 1.0
+            artifact = row[ARTIFACT]
+            assert artifact["ttft_ms"] > 0 and artifact["decode_tokens_per_s"] > 0
+            assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"]
     saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["batches"] == results["batches"] and saved["new_tokens"] == 6
+    assert saved["runs"] == results["runs"] and saved["prompt_tokens"] == [16, 40]
     text = (tmp_path / "bench.md").read_text()
-    assert "| artifact | 3 |" in text and "Host: " in text and "median [p10, p90]" in text
-    png = (tmp_path / "bench.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 20_000  # three panels, not an empty figure
+    assert "## Prompts of 40 tokens, 6 new tokens" in text and "ms a step outside ONNX Runtime" in text
+    assert "| artifact | 3 |" in text and "Host: " in text
+    for length in (16, 40):
+        png = (tmp_path / f"bench-prompt{length}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 20_000  # three panels, not an empty figure
+
+
+def test_exact_prompts_tokenize_to_the_length_asked(published_gpt2):
+    model = load(published_gpt2)
+    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
+    for length in (16, 128):
+        prompts = exact_prompts(model.tokenizer, texts, length, 8)
+        assert len(set(prompts)) == 8 and {len(model.tokenizer.encode(p).ids) for p in prompts} == {length}
+    with pytest.raises(InputError, match="too few tokens for 8 prompts of 100000 tokens"):
+        exact_prompts(model.tokenizer, texts, 100_000, 8)
+
+
+def test_a_genai_peer_without_its_package_or_config_is_an_input_error_naming_the_fix(published_gpt2, tmp_path):
+    model = load(published_gpt2)
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match=r"pip install pipeline\[genai\]"):
+            genai_runner(tmp_path, model.tokenizer)
+        return
+    with pytest.raises(InputError, match="has no genai_config.json"):
+        genai_runner(tmp_path, model.tokenizer)
 
 
 def test_generation_speed_runs_every_runner_the_same_number_of_tokens(tmp_path):
