@@ -1,6 +1,6 @@
 """A real trained decoder (SmolLM2-135M-Instruct, tests/smollm2.py) through both decoder gates: exact greedy
 equality at fp32, and the behavioural gate (teacher-forced agreement, perplexity ratio, greedy prefix) for int8
-weight-only. Slow tier: each build takes minutes here."""
+weight-only; and the decoder search of the host's own target. Slow tier: each build takes minutes here."""
 
 import json
 from pathlib import Path
@@ -21,13 +21,15 @@ def smollm2_builds(tmp_path_factory):
     checkpoint = make()
     root = tmp_path_factory.mktemp("smollm2")
     dirs = {"artifacts_dir": root / "a", "cache_dir": root / "c"}
-    return {
-        target: Path(build(checkpoint, target, **dirs).published["path"]) for target in ("cpu-fp32", "cpu-int8-weights")
-    }
+    return {target: build(checkpoint, target, **dirs) for target in ("cpu-fp32", "cpu-int8-weights", "native")}
 
 
-def _validation(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())["validation"]
+def _folder(manifest) -> Path:
+    return Path(manifest.published["path"])
+
+
+def _validation(manifest) -> dict:
+    return json.loads((_folder(manifest) / "manifest.json").read_text())["validation"]
 
 
 def test_smollm2_fp32_equals_transformers_greedy_and_teacher_forced(smollm2_builds):
@@ -35,15 +37,32 @@ def test_smollm2_fp32_equals_transformers_greedy_and_teacher_forced(smollm2_buil
     assert stats["greedy_match"] == 1.0 and stats["teacher_top1_agreement"] == 1.0
     assert abs(stats["perplexity_ratio"] - 1.0) < 1e-3
     assert all(row["passed"] for row in stats["verdict"])
+    ops = [n.op_type for n in onnx.load(str(_folder(smollm2_builds["cpu-fp32"]) / "model.onnx")).graph.node]
+    assert ops.count("GroupQueryAttention") == 30 and "Softmax" not in ops
 
 
 def test_smollm2_int8_weight_only_passes_the_behavioural_gate_at_half_the_size(smollm2_builds):
-    folder = smollm2_builds["cpu-int8-weights"]
-    stats = _validation(folder)
+    folder = _folder(smollm2_builds["cpu-int8-weights"])
+    stats = _validation(smollm2_builds["cpu-int8-weights"])
     assert [r["metric"] for r in stats["verdict"] if r["passed"]] == [
         "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
     ]  # fmt: skip
-    fp32_bytes = (smollm2_builds["cpu-fp32"] / "model.onnx").stat().st_size
+    fp32_bytes = (_folder(smollm2_builds["cpu-fp32"]) / "model.onnx").stat().st_size
     assert (folder / "model.onnx").stat().st_size < 0.6 * fp32_bytes
     ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
-    assert ops.count("MatMulNBits") >= 30 * 7  # q, k, v, o, gate, up, down in each of 30 layers
+    assert ops.count("MatMulNBits") >= 30 * 5  # packed qkv, o, gate, up, down in each of 30 layers
+
+
+def test_smollm2_native_search_judges_fp32_int8_and_int4_and_validates_the_choice(smollm2_builds):
+    manifest = smollm2_builds["native"]
+    rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
+    assert set(rows) == {"ort-fp32-decoder", "ort-int8-weights", "ort-int4-weights"}
+    assert rows["ort-fp32-decoder"]["status"] == "passed" and rows["ort-fp32-decoder"]["teacher_top1_agreement"] == 1
+    assert rows["ort-int8-weights"]["status"] == "passed" and rows["ort-int8-weights"]["perplexity_ratio"] < 1.03
+    # int4 round-to-nearest of this 135M model misses its perplexity limit here: a row, not an error.
+    assert rows["ort-int4-weights"]["perplexity_ratio"] > 1.0 and rows["ort-int4-weights"]["latency_ms"]
+    chosen = [name for name, row in rows.items() if row["chosen"]]
+    passing = [row for row in rows.values() if row["status"] == "passed"]
+    assert chosen == [min(passing, key=lambda r: r["score"])["name"]]
+    stats = _validation(manifest)
+    assert stats["verdict"] and all(row["passed"] for row in stats["verdict"])
