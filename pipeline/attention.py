@@ -200,6 +200,9 @@ def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_head
                 num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary is not None),
             )
         )  # fmt: skip
+        # Contrib ops have no ONNX type inference: declare the output's type, or type-driven passes (the fp16
+        # conversion of GPU targets) take them for another type than the op's inputs.
+        g.value_info.append(helper.make_tensor_value_info(out, 1, None))  # present.* are typed graph outputs
         for reader in plan["readers"]:
             reader.input[:] = [out if i == plan["replaces"] else i for i in reader.input]
         at = min(list(g.node).index(reader) for reader in plan["readers"])

@@ -31,7 +31,7 @@ from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 OPSET = 17
-VERSION = 3
+VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)

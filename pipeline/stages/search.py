@@ -1,4 +1,5 @@
-"""Stage: the engine and precision search, for CPU targets that list [[candidates]] (encoders).
+"""Stage: the engine and precision search, for CPU targets that list [[candidates]] (encoders here; decoders in
+`search_decoder`).
 
 Which engine and precision wins is measured, not assumed. Each candidate the target lists is built, scored against
 PyTorch on the development split of the calibration text, and timed on the build host, alternating candidates
@@ -30,15 +31,16 @@ from pathlib import Path
 from pipeline.bench.common import median_range
 from pipeline.cache import StageSpec, run_cached
 from pipeline.data import texts_digest
-from pipeline.errors import AccuracyError, PipelineError
+from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import closeness, compare, failures
-from pipeline.progress import note, progress
+from pipeline.metrics import compare
+from pipeline.progress import progress
 from pipeline.quiet import silenced
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
+from pipeline.stages.candidates import attach_timings, judge_candidates
 from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
-from pipeline.stages.search_decoder import candidate_row, search_decoders
+from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
@@ -194,35 +196,17 @@ def _search_encoders(manifest: Manifest, target: Target, development: list, cali
     """Build, score and time every encoder candidate; returns (rows, {name: built files})."""
     metric = TASKS[manifest.checkpoint.task].metric
     reference = pytorch_outputs(manifest.checkpoint, development)
-    rows, built = [], {}
-    for candidate in progress(target.family_candidates("encoder"), "search: building candidates"):
-        missing = sorted(set(candidate.required_cpu_flags) - flags)
-        if missing:
-            rows.append(candidate_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
-            continue
-        started = time.perf_counter()
-        try:
-            made = _build(manifest, target, candidate, out / "work" / candidate.name, calibration, development)
-            model = candidate_model(manifest, target, made["graph"], made["backend"], made["session"] or None)
-            stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
-        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
-            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
-            continue
-        missed = failures(stats, target.accuracy)
-        seconds = round(time.perf_counter() - started, 2)
-        row = candidate_row(
-            candidate, "passed" if not missed else "missed", missed=missed, build_seconds=seconds,
-            closeness=closeness(stats, target.accuracy), fallback=made["fallback"], **stats,
-        )  # fmt: skip
-        rows.append(row)
-        built[candidate.name] = (made, model)
-        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {stats[k]:.4f}" for k in sorted(stats)))
+
+    def make(candidate: Candidate):
+        made = _build(manifest, target, candidate, out / "work" / candidate.name, calibration, development)
+        model = candidate_model(manifest, target, made["graph"], made["backend"], made["session"] or None)
+        stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
+        return made, model, stats, target.accuracy, {"fallback": made["fallback"]}
+
+    rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)
     timings = _time({name: model for name, (_, model) in built.items()}, development + calibration,
                     target.shapes.batch_size)  # fmt: skip
-    for row in rows:
-        timed = timings.get(row["name"])
-        row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
-        row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
+    attach_timings(rows, timings)
     return rows, {name: made for name, (made, _) in built.items()}
 
 

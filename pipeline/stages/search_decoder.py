@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bench.common import median_range
-from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import closeness, failures, teacher_forced_stats, teacher_outputs
-from pipeline.progress import note, progress
+from pipeline.metrics import teacher_forced_stats, teacher_outputs
+from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
 from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
 from pipeline.runtime.kv_cache import Decoding
+from pipeline.stages.candidates import attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
 
 PROMPT = 128
@@ -85,13 +85,6 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
     return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
 
 
-def candidate_row(candidate: Candidate, status: str, **values) -> dict:
-    """A candidate's row in the search table."""
-    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
-            "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
-            "status": status, **values}  # fmt: skip
-
-
 def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[object, dict]:
     """The candidate's runtime model and its row's statistics against the PyTorch teacher-forced reference."""
     model = candidate_model(manifest, target, graph)
@@ -107,31 +100,15 @@ def search_decoders(manifest: Manifest, target: Target, development: list[str], 
     torch_model = load_torch_model(checkpoint)
     reference = teacher_forced(torch_model, load_hf_tokenizer(checkpoint), development, checkpoint.max_length)
     del torch_model
-    rows, built = [], {}
-    for candidate in progress(target.family_candidates("decoder"), "search: building decoder candidates"):
-        missing = sorted(set(candidate.required_cpu_flags) - flags)
-        if missing:
-            rows.append(candidate_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
-            continue
-        started = time.perf_counter()
-        gate = target.with_candidate(candidate.name).accuracy
-        try:
-            graph = _build(manifest, target, candidate, out / "work" / candidate.name)
-            model, stats = _judge(manifest, target, candidate, graph, reference)
-        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
-            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
-            continue
-        missed = failures(stats, gate)
-        row = candidate_row(
-            candidate, "passed" if not missed else "missed", missed=missed, closeness=closeness(stats, gate),
-            build_seconds=round(time.perf_counter() - started, 2), **stats,
-        )  # fmt: skip
-        rows.append(row)
-        built[candidate.name] = (graph, model)
-        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(stats.items())))
+
+    def make(candidate: Candidate):
+        graph = _build(manifest, target, candidate, out / "work" / candidate.name)
+        model, stats = _judge(manifest, target, candidate, graph, reference)
+        return graph, model, stats, target.with_candidate(candidate.name).accuracy, {}
+
+    rows, built = judge_candidates(
+        target.family_candidates("decoder"), flags, "search: building decoder candidates", make
+    )
     timings = _time({name: model for name, (_, model) in built.items()}, development) if built else {}
-    for row in rows:
-        timed = timings.get(row["name"])
-        row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
-        row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
+    attach_timings(rows, timings)
     return rows, {name: graph for name, (graph, _) in built.items()}

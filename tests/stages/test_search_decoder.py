@@ -5,23 +5,18 @@ import json
 
 import pytest
 
-from pipeline.build import build
 from pipeline.errors import AccuracyError
 from pipeline.runtime import load
 from pipeline.targets import load_target
 
 from ..conftest import write_target
 from ..tiny import make_decoder
+from .test_search import _build
 
 FP32 = {"name": "fp32", "family": "decoder", "engine": "onnxruntime", "precision": "fp32",
         "accuracy": {"teacher_top1_agreement": 0.99, "perplexity_ratio": 1.001}}  # fmt: skip
 INT4 = {"name": "int4", "family": "decoder", "engine": "onnxruntime", "precision": "int4", "quantize": "weight_only",
         "bits": 4}  # fmt: skip
-
-
-def _build(checkpoint, target, texts_file, calibration_file, root):
-    return build(checkpoint, str(target), validation=texts_file, calibration=calibration_file,
-                 artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

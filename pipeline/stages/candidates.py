@@ -1,0 +1,53 @@
+"""The candidate table both searches share (encoders in `search`, decoders in `search_decoder`): each candidate
+built and scored in turn, one row each, whatever happens to it."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.errors import PipelineError
+from pipeline.metrics import closeness, failures
+from pipeline.progress import note, progress
+from pipeline.targets import Candidate
+
+
+def candidate_row(candidate: Candidate, status: str, **values) -> dict:
+    """A candidate's row in the search table."""
+    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
+            "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
+            "status": status, **values}  # fmt: skip
+
+
+def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], dict]:
+    """Build and score each candidate with `make(candidate) -> (built, model, stats, gate, extra row values)`. A
+    candidate whose CPU flags the host lacks, or whose recipe cannot be made here, is a row, as is one that misses
+    its gate. Returns (rows, {name: (built, model)}) for those built."""
+    rows, built = [], {}
+    for candidate in progress(candidates, title):
+        missing = sorted(set(candidate.required_cpu_flags) - flags)
+        if missing:
+            rows.append(candidate_row(candidate, "skipped", reason=f"this host lacks {', '.join(missing)}"))
+            continue
+        started = time.perf_counter()
+        try:
+            made, model, stats, gate, extra = make(candidate)
+        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
+            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
+            continue
+        missed = failures(stats, gate)
+        row = candidate_row(
+            candidate, "passed" if not missed else "missed", missed=missed, closeness=closeness(stats, gate),
+            build_seconds=round(time.perf_counter() - started, 2), **extra, **stats,
+        )  # fmt: skip
+        rows.append(row)
+        built[candidate.name] = (made, model)
+        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(stats.items())))
+    return rows, built
+
+
+def attach_timings(rows: list[dict], timings: dict) -> None:
+    """Put each timed candidate's latency per shape (median, and its p10-p90 range) into its row."""
+    for row in rows:
+        timed = timings.get(row["name"])
+        row["latency_ms"] = {shape: values[0] for shape, values in timed.items()} if timed else None
+        row["latency_range_ms"] = {shape: values[1:] for shape, values in timed.items()} if timed else None
