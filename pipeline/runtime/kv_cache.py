@@ -63,6 +63,15 @@ class Decoding:
         for name, value in self.past.items():
             self.binding.bind_ortvalue_input(name, value)
         self.capacity = capacity
+        # A last-position graph's logits are [b, 1, V] at every step: with a shared cache, every output is bound
+        # once, to buffers that live as long as the batch, and a step only binds the new ids and the mask.
+        shape = generator.session.get_outputs()[0].shape
+        self.logits = None
+        if self.shared and shape[1] == 1 and isinstance(shape[2], int) and self.device == "cpu":
+            self.logits = np.empty((len(rows), 1, shape[2]), np.float32)
+            self.binding.bind_ortvalue_output(self.logits_name, ort.OrtValue.ortvalue_from_numpy(self.logits))
+            for value, present in zip(self.past.values(), self.present_names, strict=True):
+                self.binding.bind_ortvalue_output(present, value)
 
     def _bind_outputs(self) -> None:
         # An output bound before is reused as a preallocated buffer, and logits (and a growing cache) change shape,
@@ -81,7 +90,7 @@ class Decoding:
 
     def step(self, chosen: np.ndarray | None = None) -> np.ndarray:
         """Run one step: the prompts when `chosen` is None, else one new token per row. Returns the last position's
-        logits [b, V]."""
+        logits [b, V], which the next step may overwrite: copy them to keep them."""
         if chosen is not None:
             if self.mask.shape[1] >= self.capacity:
                 raise ValueError(f"the cache holds {self.capacity} tokens and is full")
@@ -93,6 +102,9 @@ class Decoding:
         self.binding.bind_cpu_input("attention_mask", self.mask)
         if self.positions is not None:
             self.binding.bind_cpu_input("position_ids", self.positions)
+        if self.logits is not None:
+            self.session.run_with_iobinding(self.binding)
+            return self.logits[:, -1]
         self._bind_outputs()
         self.session.run_with_iobinding(self.binding)
         outputs = self.binding.get_outputs()
