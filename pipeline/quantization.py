@@ -12,11 +12,13 @@ s_j = max|X_j|^alpha / max|W_j|^(1-alpha), from activation ranges on the calibra
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.block_minimum import quantize_with_block_minimum
 from pipeline.errors import QuantizationError
 from pipeline.progress import progress
 from pipeline.quiet import silenced
@@ -206,19 +208,40 @@ def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
 
 
 def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
-    """MatMul weights of `source` in `settings.bits`-bit blocks of `settings.block_size` (MatMulNBits; symmetric or
-    with zero points per `settings.symmetric`),
-    with `settings.accuracy_level`; the nodes in `exclude` (or, given `only`, all others) stay fp32."""
+    """MatMul weights of `source` in `settings.bits`-bit blocks of `settings.block_size` (MatMulNBits at
+    `settings.accuracy_level`; blocks symmetric, with integer zero points, or with float minimums as
+    `settings.blocks` says), the LM head (the MatMul making `logits`) in `settings.head_bits`; the nodes in
+    `exclude` (or, given `only`, all others) stay fp32."""
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    head = next((n.name for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
+    apart = head is not None and head not in exclude and (only is None or head in only)
+    if not apart or settings.head_bits == settings.bits:
+        _weight_only(source, dest, settings, exclude, only)
+        return
+    body = dest.with_name(f"{dest.stem}.body.onnx")
+    _weight_only(source, body, settings, [*exclude, head], only)
+    blocks = "symmetric" if settings.blocks == "minimum" and settings.head_bits != 4 else settings.blocks
+    _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=[head])
+    body.unlink()
+
+
+def _weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
+    """quantize_weight_only for every MatMul at `settings.bits`."""
     import logging
 
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
+    if settings.blocks == "minimum":
+        quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, exclude, only)
+        return
     model = onnx.load(str(source))
     names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = list(exclude) + ([n for n in names if n not in set(only)] if only is not None else [])
     config = DefaultWeightOnlyQuantConfig(
-        block_size=settings.block_size, is_symmetric=settings.symmetric, bits=settings.bits,
+        block_size=settings.block_size, is_symmetric=settings.blocks == "symmetric", bits=settings.bits,
         accuracy_level=settings.accuracy_level,
     )  # fmt: skip
     quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)

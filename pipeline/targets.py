@@ -29,6 +29,7 @@ NATIVE = {"amx": "cpu-amx", "avx512-vnni": "cpu-avx512", "avx512": "cpu-avx2", "
 QUANT_MODES = ("none", "dynamic", "static", "weight_only")
 QUANT_TYPES = ("int8", "uint8")
 QUANT_FORMATS = ("qoperator", "qdq")
+WEIGHT_BLOCKS = ("symmetric", "zero_point", "minimum")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -77,9 +78,13 @@ class Quantize:
     bits: int = 8
     block_size: int = 32
     accuracy_level: int = 4
-    # Symmetric blocks (scale only), or asymmetric (scale and zero point): asymmetric int4 keeps weights that were
-    # themselves 4-bit blocks with a minimum (GGUF Q4_1) nearly as they were.
-    symmetric: bool = True
+    # How weight_only blocks are made: "symmetric" (a scale each), "zero_point" (a scale and an integer zero point,
+    # ONNX Runtime's asymmetric blocks) or, 4-bit only, "minimum" (a scale and a float minimum each, GGUF Q4_1's
+    # scheme, run as the integer kernel plus a small fp32 MatMul: pipeline/block_minimum.py).
+    blocks: str = "symmetric"
+    # weight_only: the LM head's bits. A 4-bit head flips top-1 tokens the body's 4 bits do not; GGUF files commonly
+    # keep the output layer wider (SmolLM2's Q4_1 file keeps it Q8_0).
+    head_bits: int = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,11 +185,12 @@ class Serving:
 class Candidate:
     """One recipe the engine search builds, scores on the development split and times on the build host:
     an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
-    its fallback; "nncf": OpenVINO's post-training int8; "weight_only": MatMulNBits of `bits` bits, with the
-    [quantize] block size and accuracy level). A candidate whose CPU flags the build host lacks is a row in the
-    report, not built. `family` says which models it is for (encoders, or decoders); its [candidates.accuracy]
-    thresholds, where set, replace the target's for this candidate, in the search and, once chosen, in
-    validation (a quantized decoder is judged on perplexity and agreement, not on exact greedy ties)."""
+    its fallback; "nncf": OpenVINO's post-training int8; "weight_only": MatMulNBits of `bits` bits made as
+    `blocks` says, with the [quantize] block size, accuracy level and head bits). A candidate whose CPU flags the
+    build host lacks is a row in the report, not built. `family` says which models it is for (encoders, or
+    decoders); its [candidates.accuracy] thresholds, where set, replace the target's for this candidate, in the
+    search and, once chosen, in validation (a quantized decoder is judged on perplexity and agreement, not on
+    exact greedy ties)."""
 
     name: str
     engine: str
@@ -193,6 +199,7 @@ class Candidate:
     required_cpu_flags: tuple[str, ...] = ()
     family: str = "encoder"
     bits: int = 8
+    blocks: str = "symmetric"
     accuracy: Accuracy = Accuracy()
 
 
@@ -247,10 +254,13 @@ _CHOICES = {
     ("candidates", "quantize"): CANDIDATE_QUANTIZE,
     ("candidates", "family"): FAMILIES,
     ("candidates", "bits"): (4, 8),
+    ("candidates", "blocks"): WEIGHT_BLOCKS,
+    ("quantize", "blocks"): WEIGHT_BLOCKS,
     ("engine",): ENGINES,
     ("precision",): PRECISIONS,
     ("quantize", "mode"): QUANT_MODES,
     ("quantize", "bits"): (4, 8),
+    ("quantize", "head_bits"): (4, 8),
     ("quantize", "block_size"): (16, 32, 64, 128, 256),
     ("quantize", "accuracy_level"): (0, 1, 2, 3, 4),
     ("quantize", "weight_type"): QUANT_TYPES,
@@ -398,6 +408,13 @@ def target_from_toml(path: Path) -> Target:
     target = _build(Target, table, path, ())
     if target.name != path.stem:
         raise TargetError(f"{path}: name = {target.name!r} must match the file name {path.stem!r}")
+    settings = [("quantize", target.quantize)] + [(f"candidates {c.name!r}", c) for c in target.candidates]
+    for where, table in settings:
+        if table.blocks == "minimum" and table.bits != 4:
+            raise TargetError(
+                f'{path}: {where} asks for blocks = "minimum" with bits = {table.bits}; float minimums are a 4-bit '
+                'scheme: set bits = 4, or blocks = "symmetric" or "zero_point"'
+            )
     return target
 
 

@@ -53,14 +53,19 @@ def test_smollm2_int8_weight_only_passes_the_behavioural_gate_at_half_the_size(s
     assert ops.count("MatMulNBits") >= 30 * 5  # packed qkv, o, gate, up, down in each of 30 layers
 
 
-def test_smollm2_native_search_judges_fp32_int8_and_int4_and_validates_the_choice(smollm2_builds):
+def test_smollm2_native_search_judges_fp32_int8_and_two_int4_schemes_and_validates_the_choice(smollm2_builds):
     manifest = smollm2_builds["native"]
     rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
-    assert set(rows) == {"ort-fp32-decoder", "ort-int8-weights", "ort-int4-weights"}
+    assert set(rows) == {"ort-fp32-decoder", "ort-int8-weights", "ort-int4-weights", "ort-int4-minimum"}
     assert rows["ort-fp32-decoder"]["status"] == "passed" and rows["ort-fp32-decoder"]["teacher_top1_agreement"] == 1
     assert rows["ort-int8-weights"]["status"] == "passed" and rows["ort-int8-weights"]["perplexity_ratio"] < 1.03
-    # int4 round-to-nearest of this 135M model misses its perplexity limit here: a row, not an error.
-    assert rows["ort-int4-weights"]["perplexity_ratio"] > 1.0 and rows["ort-int4-weights"]["latency_ms"]
+    # Symmetric int4 moves every Q4_1 block of this GGUF-born model (perplexity x1.5): a row, not an error. Blocks
+    # that keep their minimum hold the body's weights as the file stored them; only activations and the 8-bit head
+    # differ from PyTorch.
+    assert rows["ort-int4-weights"]["perplexity_ratio"] > 1.2 and rows["ort-int4-weights"]["latency_ms"]
+    minimum = rows["ort-int4-minimum"]
+    assert minimum["status"] == "passed" and minimum["perplexity_ratio"] < 1.02
+    assert minimum["teacher_top1_agreement"] > rows["ort-int4-weights"]["teacher_top1_agreement"] + 0.2
     chosen = [name for name, row in rows.items() if row["chosen"]]
     passing = [row for row in rows.values() if row["status"] == "passed"]
     assert chosen == [min(passing, key=lambda r: r["score"])["name"]]

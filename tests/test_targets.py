@@ -50,6 +50,17 @@ def test_target_from_toml_refuses_value_outside_choices(tmp_path):
         target_from_toml(path)
 
 
+def test_target_from_toml_refuses_block_minimums_outside_4_bits(tmp_path):
+    path = write_target(tmp_path, "bad", quantize__mode="weight_only", quantize__bits=8, quantize__blocks="minimum")
+    with pytest.raises(TargetError, match=r"quantize asks for blocks = \"minimum\" with bits = 8.*set bits = 4"):
+        target_from_toml(path)
+
+
+def test_static_targets_keep_asymmetric_activations_by_default():
+    # A weight-only setting once shadowed this one and made every static target symmetric.
+    assert load_target("cpu-avx2-static").quantize.symmetric is False
+
+
 def test_target_from_toml_refuses_malformed_toml(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text('name = "broken"\n[quantize\nmode = 1\n')
@@ -132,7 +143,12 @@ def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
         "openvino",
     ]
     decoders = target.family_candidates("decoder")
-    assert [(c.quantize, c.bits) for c in decoders] == [("none", 8), ("weight_only", 8), ("weight_only", 4)]
+    assert [(c.quantize, c.bits, c.blocks) for c in decoders] == [
+        ("none", 8, "symmetric"),
+        ("weight_only", 8, "symmetric"),
+        ("weight_only", 4, "symmetric"),
+        ("weight_only", 4, "minimum"),
+    ]
     # A candidate's own thresholds replace the target's once it is chosen; the rest stay the target's.
     int4 = target.with_candidate("ort-int4-weights").accuracy
     assert (int4.perplexity_ratio, int4.greedy_match, int4.cosine_min) == (1.10, 0.0, target.accuracy.cosine_min)

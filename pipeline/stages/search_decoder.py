@@ -44,7 +44,9 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path)
     if candidate.quantize == "none":
         shutil.copyfile(fp32, work / "model.onnx")
     elif candidate.quantize == "weight_only":
-        settings = dataclasses.replace(target.quantize, mode="weight_only", bits=candidate.bits)
+        settings = dataclasses.replace(
+            target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks
+        )
         quantize_weight_only(fp32, work / "model.onnx", settings)
     else:
         raise ValueError(f"quantize = {candidate.quantize!r} is not a decoder recipe (none or weight_only)")

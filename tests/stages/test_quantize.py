@@ -175,3 +175,17 @@ def test_weight_only_int8_puts_every_matmul_weight_in_matmulnbits_and_records_th
     assert [r["metric"] for r in validation["verdict"]] == [
         "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks", ["symmetric", "minimum"])
+def test_weight_only_int4_keeps_the_lm_head_at_8_bits(blocks, texts_file, build_dirs, tmp_path):
+    folder = make_decoder(tmp_path / "tiny-llama", "llama")
+    target = write_target(tmp_path, "woq4", base="cpu-int8-weights", quantize__bits=4, quantize__blocks=blocks,
+                          accuracy__teacher_top1_agreement=0.0, accuracy__perplexity_ratio=10.0,
+                          accuracy__greedy_prefix_agreement=0.0)  # fmt: skip
+    manifest = build(folder, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    nodes = onnx.load(manifest.published["path"] + "/model.onnx").graph.node
+    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nodes if n.op_type == "MatMulNBits"}
+    [head] = [n.name for n in nodes if "logits" in n.output]
+    assert bits.pop(head) == 8 and set(bits.values()) == {4} and len(bits) == 2 * 5  # qkv, o, gate, up, down
+    assert sum(n.op_type == "Add" and n.name.endswith("/Add") for n in nodes) == (10 if blocks == "minimum" else 0)
