@@ -43,7 +43,7 @@ bench: build
 genai-models:
 	@test -n "$(MODEL)" || (echo "make genai-models needs MODEL=<checkpoint folder>, e.g. MODEL=.cache/smollm2"; exit 2)
 	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
-	$(GENAI_VENV)/bin/python -m pip install -q torch==2.13.0 onnxruntime-genai==0.18.0 transformers==5.25.0 onnx
+	$(GENAI_VENV)/bin/python -m pip install -q torch==2.13.0 onnxruntime-genai==0.18.0 transformers==5.25.0 onnx onnx-ir
 	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
 		-o "$(abspath $(GENAI_DIR))-fp32" -p fp32 -e cpu -c "$(abspath .cache/genai/hf)"
 	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \

@@ -181,6 +181,16 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
             raise QuantizationError(f"static quantization of {source} failed: {err}") from None
 
 
+def widen_ranges(ranges_cache: Path, margin: float) -> None:
+    """Widen every calibrated range in `ranges_cache` by `margin` (both ends scaled away from zero)."""
+    from onnxruntime.quantization.calibrate import load_tensors_data, save_tensors_data
+
+    ranges = load_tensors_data(ranges_cache)
+    for data in ranges.values():
+        data.lowest, data.highest = data.lowest * margin, data.highest * margin
+    save_tensors_data(ranges, ranges_cache)
+
+
 def with_shapes(source: Path, out: Path) -> Path:
     """A copy of `source` with symbolic shape inference run over it: fused ops have no ONNX shape inference, and
     static quantization needs every activation's type."""

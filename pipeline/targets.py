@@ -66,6 +66,10 @@ class Quantize:
     calibration_method: str = "minmax"
     percentile: float = 99.999
     calibration_batch_size: int = 16
+    # Static only: calibrated activation ranges are widened by this factor. The largest activation a few dozen
+    # calibration examples show is short of what other text reaches, and a clipped outlier costs more accuracy
+    # than a coarser step.
+    range_margin: float = 1.0
     max_fp32_nodes: int = 0
     # The fallback must beat the thresholds on calibration text by this share of the gap to a perfect score
     # (0.5: cosine_min 0.99 must reach 0.995), so that it still meets them on held-out text.
@@ -280,6 +284,7 @@ _RANGES = {
     ("optimize", "level"): (0, 99),
     ("quantize", "smooth_alpha"): (0.0, 1.0),
     ("quantize", "percentile"): (50.0, 100.0),
+    ("quantize", "range_margin"): (1.0, 4.0),
     ("quantize", "calibration_batch_size"): (1, None),
     ("quantize", "max_fp32_nodes"): (0, None),
     ("quantize", "fallback_headroom"): (0.0, 0.99),

@@ -31,6 +31,7 @@ from pipeline.quantization import (
     quantize_static,
     quantize_weight_only,
     smooth,
+    widen_ranges,
     with_shapes,
 )
 from pipeline.targets import Target
@@ -67,6 +68,10 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
         shaped = with_shapes(source, work / "shaped.onnx")
         reader = calibration_reader(fp32_model, texts, settings.calibration_batch_size)
         ranges_cache = work / "ranges.json"
+
+        if settings.range_margin != 1.0:  # ranges calibrated once, widened, then used by every attempt
+            quantize_static(shaped, work / "ranges.onnx", settings, reader, ranges_cache)
+            widen_ranges(ranges_cache, settings.range_margin)
 
         def quantize_one(path: Path, exclude=(), only=None) -> None:
             quantize_static(shaped, path, settings, reader, ranges_cache, exclude, only)
