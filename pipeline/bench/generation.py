@@ -20,12 +20,14 @@ import numpy as np
 from pipeline.bench.common import bench_folder, identity, percentile, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
+from pipeline.metrics import teacher_forced_stats, teacher_outputs
 from pipeline.progress import progress
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
 
 PYTORCH = "pytorch-generate"
 ARTIFACT = "artifact"
+ACCURACY_TEXTS = 32  # held-out texts the accuracy table is measured on (the decoder gate's default prompt count)
 
 
 def artifact_runner(model):
@@ -129,10 +131,8 @@ def exact_prompts(tokenizer, texts: list[str], length: int, count: int) -> list[
     return prompts
 
 
-def genai_runner(folder: Path, tokenizer):
-    """generate(batch, n): onnxruntime-genai's greedy generation of exactly n tokens per prompt, from a model folder
-    its builder wrote (genai_config.json). Token ids come from the artifact's tokenizer, right-padded as genai
-    pads: genai 0.18's own tokenizer encodes SmolLM2's tokenizer.json into -1 ids."""
+def _genai_model(folder: Path):
+    """(onnxruntime_genai, its model of `folder`, the model's pad token id)."""
     try:
         import onnxruntime_genai as og
     except ImportError:
@@ -140,8 +140,38 @@ def genai_runner(folder: Path, tokenizer):
     folder = Path(folder)
     if not (folder / "genai_config.json").is_file():
         raise InputError(f"{folder} has no genai_config.json; pass a folder onnxruntime-genai's builder wrote")
-    model = og.Model(str(folder))
     pad = int(json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"])
+    return og, og.Model(str(folder)), pad
+
+
+def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
+    """onnxruntime-genai's next-token logits along each held-out continuation of `teacher` (as
+    `reference.teacher_forced` splits the texts): genai returns logits for every position of what it is given."""
+    og, model, _ = _genai_model(folder)
+    logits = []
+    for prompt, continuation in zip(teacher["prompts"], teacher["continuations"], strict=True):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + len(continuation) + 1)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([prompt + continuation], dtype=np.int32))
+        logits.append(np.asarray(generator.get_output("logits"))[0, len(prompt) - 1 : -1].astype(np.float32))
+    return logits
+
+
+def variant_accuracy(model, teacher: dict, peers: dict) -> dict:
+    """The decoder gate's behavioural measure for the artifact and each genai peer: teacher-forced top-1 agreement
+    and perplexity ratio against PyTorch fp32 (`teacher`) on held-out text."""
+    stats = {ARTIFACT: teacher_forced_stats(teacher, teacher_outputs(model, teacher, batch_size=8))}
+    for name, folder in peers.items():
+        stats[name] = teacher_forced_stats(teacher, genai_teacher_logits(folder, teacher))
+    return stats
+
+
+def genai_runner(folder: Path, tokenizer):
+    """generate(batch, n): onnxruntime-genai's greedy generation of exactly n tokens per prompt, from a model folder
+    its builder wrote (genai_config.json). Token ids come from the artifact's tokenizer, right-padded as genai
+    pads: genai 0.18's own tokenizer encodes SmolLM2's tokenizer.json into -1 ids."""
+    og, model, pad = _genai_model(folder)
 
     def run(batch: list[str], n: int):
         rows = [e.ids for e in tokenizer.encode_batch(batch)]
@@ -174,7 +204,13 @@ def bench_generation(
     length to `out_dir`."""
     import torch
 
-    from pipeline.reference import checkpoint_from_source, generate_runner, load_hf_tokenizer, load_torch_model
+    from pipeline.reference import (
+        checkpoint_from_source,
+        generate_runner,
+        load_hf_tokenizer,
+        load_torch_model,
+        teacher_forced,
+    )
 
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
@@ -184,19 +220,24 @@ def bench_generation(
     model = open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}
     runners.update({name: genai_runner(folder, model.tokenizer) for name, folder in (peers or {}).items()})
+    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
+    room = int(manifest["model"]["max_length"])
+    accuracy = None
     if baseline == "pytorch":
         torch.set_num_threads(threads)
         checkpoint = checkpoint_from_source(manifest["source"])
-        runners = {PYTORCH: generate_runner(load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)), **runners}
-    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
-    room = int(manifest["model"]["max_length"])
+        torch_model, hf_tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
+        runners = {PYTORCH: generate_runner(torch_model, hf_tokenizer), **runners}
+        teacher = teacher_forced(torch_model, hf_tokenizer, texts[:ACCURACY_TEXTS], room)
+        accuracy = variant_accuracy(model, teacher, peers or {})
     runs = {}
     for length in prompt_tokens:
         n = max(2, min(new_tokens, room - length))
         prompts = exact_prompts(model.tokenizer, texts, length, max(batch_sizes))
         runs[str(length)] = generation_speed(runners, prompts, batch_sizes, n, reps)
         runs[str(length)]["loop"] = loop_overhead(model, prompts[0], n)
-    results = {**identity(manifest, real, threads), "reps": reps, "prompt_tokens": list(prompt_tokens), "runs": runs}
+    results = {**identity(manifest, real, threads), "reps": reps, "prompt_tokens": list(prompt_tokens),
+               "accuracy": accuracy, "runs": runs}  # fmt: skip
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
     from pipeline.bench.plot import plot_generation
 
@@ -217,6 +258,11 @@ def markdown(results: dict) -> str:
         f"{versions}. Each figure is the median [p10, p90] of {results['reps']} rounds alternating between the "
         "variants.",
     ]
+    if results.get("accuracy"):
+        lines += ["", "## Accuracy against PyTorch fp32 (teacher-forced, held-out text)", "",
+                  "| variant | top-1 agreement | perplexity ratio |", "|---|---|---|"]  # fmt: skip
+        for name, v in results["accuracy"].items():
+            lines.append(f"| {name} | {v['teacher_top1_agreement']:.4f} | {v['perplexity_ratio']:.4f} |")
     for length, speed in results["runs"].items():
         loop = speed["loop"]
         lines += [

@@ -21,11 +21,14 @@ def test_bench_generation_writes_ttft_and_decode_rates_with_ratios_per_prompt_le
             artifact = row[ARTIFACT]
             assert artifact["ttft_ms"] > 0 and artifact["decode_tokens_per_s"] > 0
             assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"]
+    accuracy = results["accuracy"][ARTIFACT]  # the gate's teacher-forced measure, against PyTorch fp32
+    assert 0 < accuracy["teacher_top1_agreement"] <= 1 and 0.5 < accuracy["perplexity_ratio"] < 2
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["runs"] == results["runs"] and saved["prompt_tokens"] == [16, 40]
+    assert saved["accuracy"] == results["accuracy"]
     text = (tmp_path / "bench.md").read_text()
     assert "## Prompts of 40 tokens, 6 new tokens" in text and "ms a step outside ONNX Runtime" in text
-    assert "| artifact | 3 |" in text and "Host: " in text
+    assert "| artifact | 3 |" in text and "Host: " in text and "## Accuracy against PyTorch fp32" in text
     for length in (16, 40):
         png = (tmp_path / f"bench-prompt{length}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 20_000  # three panels, not an empty figure
