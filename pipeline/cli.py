@@ -46,6 +46,9 @@ def candidate_table(search: dict) -> str:
         scores = " ".join(f"{row[k]:>8.4f}" if k in row else f"{'-':>8}" for k, _ in columns)
         times = " ".join(f"{(row.get('latency_ms') or {}).get(s, float('nan')):>12.2f}" for s in shapes)
         mark = "  <- chosen" if row.get("chosen") else f"  ({row['reason']})" if row.get("reason") else ""
+        if row.get("bisection"):
+            wide = row.get("wide_layers")
+            mark += f"  (bisected: {'no' if wide is None else wide} {row['bisect_layers']} layers at 8 bits pass)"
         lines.append(f"    {row['name']:<20} {row['status']:<8} {scores} {times}{mark}")
     return "\n".join(lines)
 

@@ -217,23 +217,25 @@ def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
     return timings
 
 
-def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
+def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=None, wide=()) -> None:
     """MatMul weights of `source` in `settings.bits`-bit blocks of `settings.block_size` (MatMulNBits at
     `settings.accuracy_level`; blocks symmetric, with integer zero points, or with float minimums as
-    `settings.blocks` says), the LM head (the MatMul making `logits`) in `settings.head_bits`; the nodes in
-    `exclude` (or, given `only`, all others) stay fp32."""
+    `settings.blocks` says), the LM head (the MatMul making `logits`) and the nodes in `wide` in
+    `settings.head_bits`; the nodes in `exclude` (or, given `only`, all others) stay fp32."""
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
+    names = {n.name for n in graph.node if n.op_type == "MatMul"}
+    fp32 = set(exclude) | (names - set(only) if only is not None else set())
     head = next((n.name for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
-    apart = head is not None and head not in exclude and (only is None or head in only)
-    if not apart or settings.head_bits == settings.bits:
-        _weight_only(source, dest, settings, exclude, only)
+    wider = sorted({n for n in (*wide, head) if n is not None and n not in fp32})
+    if not wider or settings.head_bits == settings.bits:
+        _weight_only(source, dest, settings, sorted(fp32))
         return
     body = dest.with_name(f"{dest.stem}.body.onnx")
-    _weight_only(source, body, settings, [*exclude, head], only)
+    _weight_only(source, body, settings, sorted(fp32 | set(wider)))
     blocks = "symmetric" if settings.blocks == "minimum" and settings.head_bits != 4 else settings.blocks
-    _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=[head])
+    _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=wider)
     body.unlink()
 
 

@@ -204,6 +204,10 @@ class Candidate:
     family: str = "encoder"
     bits: int = 8
     blocks: str = "symmetric"
+    # weight_only: where the candidate misses its gate, bisect over layers (as Polygraphy's debug precision does)
+    # for the fewest "leading" or "trailing" layers kept at [quantize] head_bits with which it passes, one
+    # teacher-forced pass a try ("none": no bisection).
+    bisect_layers: str = "none"
     accuracy: Accuracy = Accuracy()
 
 
@@ -259,6 +263,7 @@ _CHOICES = {
     ("candidates", "family"): FAMILIES,
     ("candidates", "bits"): (4, 8),
     ("candidates", "blocks"): WEIGHT_BLOCKS,
+    ("candidates", "bisect_layers"): ("none", "leading", "trailing"),
     ("quantize", "blocks"): WEIGHT_BLOCKS,
     ("engine",): ENGINES,
     ("precision",): PRECISIONS,

@@ -15,7 +15,8 @@ def candidate_row(candidate: Candidate, status: str, **values) -> dict:
     """A candidate's row in the search table."""
     return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
             "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
-            "blocks": candidate.blocks if candidate.quantize == "weight_only" else None, "status": status,
+            "blocks": candidate.blocks if candidate.quantize == "weight_only" else None,
+            "bisect_layers": candidate.bisect_layers, "status": status,
             **values}  # fmt: skip
 
 

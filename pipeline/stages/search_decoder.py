@@ -16,6 +16,7 @@ held-out text. A candidate that misses is a row in the table.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 
 from pipeline.bench.common import median_range
 from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import teacher_forced_stats, teacher_outputs
+from pipeline.metrics import failures, teacher_forced_stats, teacher_outputs
 from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
 from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
@@ -37,8 +38,9 @@ DECODE_STEPS = 16
 DECODE_BATCH = 8
 
 
-def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path) -> Path:
-    """The candidate's graph in `work`: the optimized fp32 graph, or its MatMul weights in `bits`-bit blocks."""
+def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path, wide=()) -> Path:
+    """The candidate's graph in `work`: the optimized fp32 graph, or its MatMul weights in `bits`-bit blocks (the
+    nodes in `wide` in the target's head_bits)."""
     work.mkdir(parents=True)
     fp32 = manifest.stage("optimize").output("model.onnx")
     if candidate.quantize == "none":
@@ -47,7 +49,7 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path)
         settings = dataclasses.replace(
             target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks
         )
-        quantize_weight_only(fp32, work / "model.onnx", settings)
+        quantize_weight_only(fp32, work / "model.onnx", settings, wide=wide)
     else:
         raise ValueError(f"quantize = {candidate.quantize!r} is not a decoder recipe (none or weight_only)")
     return work / "model.onnx"
@@ -96,6 +98,53 @@ def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[o
     return model, stats
 
 
+def _layers(graph: Path) -> list[list[str]]:
+    """The graph's MatMul names, grouped by decoder layer (`.../layers.3/...`, `.../h.3/...`) in layer order."""
+    import onnx
+
+    grouped: dict[int, list[str]] = {}
+    for node in onnx.load(str(graph), load_external_data=False).graph.node:
+        found = re.search(r"/(?:layers|layer|h)\.(\d+)/", node.name)
+        if node.op_type == "MatMul" and found:
+            grouped.setdefault(int(found.group(1)), []).append(node.name)
+    return [grouped[i] for i in sorted(grouped)]
+
+
+def _bisect(manifest, target, candidate, reference, work: Path, missed) -> tuple:
+    """Bisection over layers for a weight-only candidate that missed (`missed`: its (graph, model, stats)): the
+    fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits with which it passes, one
+    teacher-forced pass a try. Returns the passing try's (graph, model, stats) and every try, or `missed` where
+    even all layers wide miss."""
+    layers = _layers(manifest.stage("optimize").output("model.onnx"))
+    if candidate.bisect_layers == "trailing":
+        layers.reverse()
+    gate = target.with_candidate(candidate.name).accuracy
+    tries, best = [], None
+
+    def attempt(count: int):
+        wide = [name for layer in layers[:count] for name in layer]
+        graph = _build(manifest, target, candidate, work / f"wide-{count}", wide)
+        model, stats = _judge(manifest, target, candidate, graph, reference)
+        tries.append({"wide_layers": count, "passed": not failures(stats, gate), **stats})
+        return (graph, model, stats), tries[-1]["passed"]
+
+    low, high = 0, len(layers)  # the candidate as built (no layer wide) missed
+    for _ in progress(range(len(layers).bit_length() + 1), f"search: bisecting {candidate.name} over layers"):
+        count = high if best is None else (low + high) // 2
+        if best is not None and count == low:
+            break
+        built, passed = attempt(count)
+        if passed:
+            high, best = count, (built, count)
+        elif best is None:
+            break  # all layers wide still miss
+        else:
+            low = count
+    if best is None:
+        return missed, tries, None
+    return best[0], tries, best[1]
+
+
 def search_decoders(manifest: Manifest, target: Target, development: list[str], flags, out: Path) -> tuple:
     """Build, judge and time every decoder candidate; returns (rows, {name: graph path}) for the built ones."""
     checkpoint = manifest.checkpoint
@@ -104,9 +153,16 @@ def search_decoders(manifest: Manifest, target: Target, development: list[str], 
     del torch_model
 
     def make(candidate: Candidate):
-        graph = _build(manifest, target, candidate, out / "work" / candidate.name)
+        work = out / "work" / candidate.name
+        graph = _build(manifest, target, candidate, work)
         model, stats = _judge(manifest, target, candidate, graph, reference)
-        return graph, model, stats, target.with_candidate(candidate.name).accuracy, {}
+        gate = target.with_candidate(candidate.name).accuracy
+        wider = candidate.quantize == "weight_only" and candidate.bits != target.quantize.head_bits
+        if not (candidate.bisect_layers != "none" and wider and failures(stats, gate)):
+            return graph, model, stats, gate, {}
+        missed = (graph, model, stats)
+        (graph, model, stats), tries, wide = _bisect(manifest, target, candidate, reference, work, missed)
+        return graph, model, stats, gate, {"wide_layers": wide, "bisection": tries}
 
     rows, built = judge_candidates(
         target.family_candidates("decoder"), flags, "search: building decoder candidates", make

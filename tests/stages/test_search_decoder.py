@@ -78,3 +78,25 @@ def test_decoder_build_fails_naming_the_closest_when_no_candidate_passes(llama, 
     with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was int[48]: "):
         _build(llama, target, texts_file, calibration_file, tmp_path)
     assert not list((tmp_path / "a").rglob("manifest.json"))
+
+
+def test_a_missing_int4_candidate_is_bisected_over_layers_to_the_fewest_kept_at_8_bits(
+    llama, texts_file, calibration_file, tmp_path
+):
+    # int4's first try misses a gate only int8 meets; bisection over the 2 layers finds how many leading layers
+    # must stay at 8 bits, one teacher-forced pass a try.
+    int8 = {**INT4, "name": "int8", "bits": 8, "precision": "int8", "accuracy": {"greedy_match": 0.0}}
+    probe = write_target(tmp_path, "probe", base="cpu-avx2", candidates=[int8])
+    rows = _build(llama, probe, texts_file, calibration_file, tmp_path / "p").stage("search").metrics["candidates"]
+    top1 = rows[0]["teacher_top1_agreement"]
+    gate = {"teacher_top1_agreement": top1, "perplexity_ratio": 10.0, "greedy_match": 0.0}
+    bisected = {**INT4, "bisect_layers": "leading", "accuracy": gate}
+    target = write_target(tmp_path, "bisect", base="cpu-avx2", candidates=[FP32, bisected])
+    manifest = _build(llama, target, texts_file, calibration_file, tmp_path / "b")
+    [row] = [r for r in manifest.stage("search").metrics["candidates"] if r["name"] == "int4"]
+    tries = row["bisection"]  # present only because int4 as first built missed
+    assert row["status"] == "passed" and row["wide_layers"] in (1, 2) and len(tries) <= 2
+    assert [t["wide_layers"] for t in tries][0] == 2  # all layers wide first, then halving
+    assert all(not t["passed"] for t in tries if t["wide_layers"] < row["wide_layers"])
+    [kept] = [t for t in tries if t["wide_layers"] == row["wide_layers"]]
+    assert kept["passed"] and kept["teacher_top1_agreement"] == row["teacher_top1_agreement"] >= top1
