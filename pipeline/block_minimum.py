@@ -69,7 +69,7 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
     initializers = {t.name: t for t in graph.initializer}
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
     excluded = set(exclude) | (names - set(only) if only is not None else set())
-    nodes, added, sums_of, replaced = [], [], {}, set()
+    nodes, added, sums_of, replaced, shared = [], [], {}, set(), set()
     for node in graph.node:
         weight = _weight(node, initializers, excluded)
         if weight is None:
@@ -77,10 +77,13 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
             continue
         (k, n), x, name = weight.shape, node.input[0], node.name or node.output[0]
         packed, scale, offsets = blocks_with_minimum(weight, block)
+        ones = f"block_sums/S{k}"
+        if k not in shared:  # S depends on K alone: one initializer for every input of that width
+            shared.add(k)
+            added.append(numpy_helper.from_array(block_sums(k, block), ones))
         if (x, k) not in sums_of:
             sums_of[(x, k)] = f"{name}/block_sums"
-            added.append(numpy_helper.from_array(block_sums(k, block), f"{name}/S"))
-            nodes.append(helper.make_node("MatMul", [x, f"{name}/S"], [sums_of[(x, k)]], name=f"{name}/BlockSums"))
+            nodes.append(helper.make_node("MatMul", [x, ones], [sums_of[(x, k)]], name=f"{name}/BlockSums"))
         added += [numpy_helper.from_array(packed, f"{name}/codes"), numpy_helper.from_array(scale, f"{name}/scales"),
                   numpy_helper.from_array(offsets, f"{name}/offsets")]  # fmt: skip
         nodes += [

@@ -234,7 +234,7 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
         return
     body = dest.with_name(f"{dest.stem}.body.onnx")
     _weight_only(source, body, settings, sorted(fp32 | set(wider)))
-    blocks = "symmetric" if settings.blocks == "minimum" and settings.head_bits != 4 else settings.blocks
+    blocks = "symmetric" if settings.blocks == "minimum" else settings.blocks  # minimum is 4-bit: its head is 8
     _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=wider)
     body.unlink()
 
