@@ -6,7 +6,9 @@ import json
 import pytest
 
 from pipeline.errors import AccuracyError
+from pipeline.manifest import Manifest
 from pipeline.runtime import load
+from pipeline.stages import checkpoint, export, optimize, search
 from pipeline.targets import load_target
 
 from ..conftest import write_target
@@ -85,15 +87,19 @@ def test_a_missing_int4_candidate_is_bisected_over_layers_to_the_fewest_kept_at_
 ):
     # int4's first try misses a gate only int8 meets; bisection over the 2 layers finds how many leading layers
     # must stay at 8 bits, one teacher-forced pass a try.
+    # The search stage alone: validation would hold a chosen int4 to a threshold taken from the development split.
+    def search_table(name: str, candidates: list) -> list[dict]:
+        target = load_target(write_target(tmp_path, name, base="cpu-avx2", candidates=candidates))
+        manifest = Manifest(name, str(llama), str(tmp_path / "cache"), "", str(texts_file), str(calibration_file))
+        for stage in (checkpoint.run, export.run, optimize.run, search.run):
+            manifest = stage(manifest, target)
+        return manifest.stage("search").metrics["candidates"]
+
     int8 = {**INT4, "name": "int8", "bits": 8, "precision": "int8", "accuracy": {"greedy_match": 0.0}}
-    probe = write_target(tmp_path, "probe", base="cpu-avx2", candidates=[int8])
-    rows = _build(llama, probe, texts_file, calibration_file, tmp_path / "p").stage("search").metrics["candidates"]
-    top1 = rows[0]["teacher_top1_agreement"]
+    top1 = search_table("probe", [int8])[0]["teacher_top1_agreement"]
     gate = {"teacher_top1_agreement": top1, "perplexity_ratio": 10.0, "greedy_match": 0.0}
     bisected = {**INT4, "bisect_layers": "leading", "accuracy": gate}
-    target = write_target(tmp_path, "bisect", base="cpu-avx2", candidates=[FP32, bisected])
-    manifest = _build(llama, target, texts_file, calibration_file, tmp_path / "b")
-    [row] = [r for r in manifest.stage("search").metrics["candidates"] if r["name"] == "int4"]
+    [row] = [r for r in search_table("bisect", [FP32, bisected]) if r["name"] == "int4"]
     tries = row["bisection"]  # present only because int4 as first built missed
     assert row["status"] == "passed" and row["wide_layers"] in (1, 2) and len(tries) <= 2
     assert [t["wide_layers"] for t in tries][0] == 2  # all layers wide first, then halving
