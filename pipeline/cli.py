@@ -49,6 +49,8 @@ def candidate_table(search: dict) -> str:
         if row.get("bisection"):
             wide = row.get("wide_layers")
             mark += f"  (bisected: {'no' if wide is None else wide} {row['bisect_layers']} layers at 8 bits pass)"
+        if (row.get("held_out") or {}).get("status") == "missed":
+            mark += f"  (missed on held-out text: {'; '.join(row['held_out']['missed'])})"
         lines.append(f"    {row['name']:<20} {row['status']:<8} {scores} {times}{mark}")
     return "\n".join(lines)
 

@@ -8,9 +8,12 @@ run by run, at the target's shapes:
     batch_1    one row of 128 tokens          batch_32   32 rows of 128 tokens
     mixed_32   32 texts of mixed length, end to end (tokenization and length bucketing included)
 
-The fastest candidate that passes the target's [accuracy] is chosen; validation then holds it to the same
-thresholds on held-out text. A candidate that misses, or that the build host cannot run (bf16 without the
-flags), is a row in the table, not an error; the build fails only when none passes, naming the closest.
+Candidates that pass the target's [accuracy] are then held, fastest first, to the same thresholds on the held-out
+validation text; the first that passes there is chosen, and a faster one that missed there says so in its row
+(`held_out`). Validation then holds the chosen one to its full gate. A candidate that misses, or that the build
+host cannot run (bf16 without the flags), is a row in the table, not an error; the build fails only when none
+passes, naming the closest. Candidates are timed with ONNX Runtime's spinning threads off: they alternate, and a
+spinning pool would steal the cores of the next one.
 
     ort-fp32          the optimized fp32 graph                       ONNX Runtime
     ort-int8-*        ONNX Runtime int8 with the sensitivity fallback (pipeline.stages.quantize)
@@ -30,10 +33,10 @@ from pathlib import Path
 
 from pipeline.bench.common import median_range
 from pipeline.cache import StageSpec, run_cached
-from pipeline.data import texts_digest
+from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
-from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import compare
+from pipeline.manifest import Manifest, candidate_model, examples
+from pipeline.metrics import compare, failures, measure
 from pipeline.progress import progress
 from pipeline.quiet import silenced
 from pipeline.reference import pytorch_outputs
@@ -44,7 +47,7 @@ from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
-VERSION = 3
+VERSION = 4
 SEQUENCE = 128
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
@@ -59,6 +62,7 @@ class SearchConfig:
     batch_size: int
     sequence: int
     calibration: str
+    held_out: str
 
 
 # The choice is a timing on this machine: its cores and flags are part of the key.
@@ -169,17 +173,33 @@ def _score(rows: list[dict]) -> None:
         row["score"] = round(sum(shapes[s] / min(r["latency_ms"][s] for r in timed) for s in shapes) / len(shapes), 3)
 
 
-def choose(rows: list[dict]) -> dict | None:
-    """Score the timed rows and mark the fastest that passed as chosen; returns it (None when none passed)."""
+def choose(rows: list[dict], held_out=None) -> dict | None:
+    """Score the timed rows and mark as chosen the fastest that passed and, where `held_out(name) -> (stats,
+    missed)` is given, also passes on held-out text (the slower ones are not checked); returns it, or None."""
     _score(rows)
-    passing = [r for r in rows if r["status"] == "passed"]
-    winner = min(passing, key=lambda r: r["score"]) if passing else None
+    winner = None
+    for row in sorted((r for r in rows if r["status"] == "passed"), key=lambda r: r["score"]):
+        if held_out is not None:
+            stats, missed = held_out(row["name"])
+            row["held_out"] = {"status": "missed" if missed else "passed", "missed": missed, **stats}
+            if missed:
+                continue
+        winner = row
+        break
     for row in rows:
         row["chosen"] = row is winner
     return winner
 
 
 def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> AccuracyError:
+    held = [r for r in rows if r.get("held_out")]
+    if held:
+        misses = "; ".join(f"{r['name']}: {', '.join(r['held_out']['missed'])}" for r in held)
+        return AccuracyError(
+            f"every candidate of target {target.name} that passed on the development split missed on the held-out "
+            f"text ({manifest.validation_path}): {misses}. Nothing was published. Calibrate on text closer to the "
+            "held-out text, add an fp32 candidate, or loosen the target's [accuracy] only if that is acceptable."
+        )
     scored = [r for r in rows if "closeness" in r]
     if not scored:
         reasons = "; ".join(f"{r['name']}: {r.get('reason', r['status'])}" for r in rows)
@@ -192,34 +212,60 @@ def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> Accuracy
     )
 
 
-def _search_encoders(manifest: Manifest, target: Target, development: list, calibration: list, flags, out: Path):
-    """Build, score and time every encoder candidate; returns (rows, {name: built files})."""
+# Candidates alternate while timed: a spinning ONNX Runtime pool would take the cores of the next one.
+NO_SPINNING = {"allow_spinning": False}
+
+
+def _held_out(manifest: Manifest, target: Target, models: dict, texts: list):
+    """`check(name) -> (stats, missed)`: candidate `name` against PyTorch on the held-out `texts`, at its own
+    thresholds. The reference is computed on first use."""
     metric = TASKS[manifest.checkpoint.task].metric
+    reference = []
+
+    def check(name: str):
+        if not reference:
+            reference.append(pytorch_outputs(manifest.checkpoint, texts))
+        stats = measure(models[name], texts, reference[0], metric, target.shapes.batch_size)
+        return stats, failures(stats, target.with_candidate(name).accuracy)
+
+    return check
+
+
+def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out: Path):
+    """Build, score and time every encoder candidate; returns (rows, {name: built files}, held-out check)."""
+    metric = TASKS[manifest.checkpoint.task].metric
+    development, calibration = texts["development"], texts["calibration"]
     reference = pytorch_outputs(manifest.checkpoint, development)
 
     def make(candidate: Candidate):
         made = _build(manifest, target, candidate, out / "work" / candidate.name, calibration, development)
-        model = candidate_model(manifest, target, made["graph"], made["backend"], made["session"] or None)
+        model = candidate_model(manifest, target, made["graph"], made["backend"], {**made["session"], **NO_SPINNING})
         stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
         return made, model, stats, target.accuracy, {"fallback": made["fallback"]}
 
     rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)
-    timings = _time({name: model for name, (_, model) in built.items()}, development + calibration,
-                    target.shapes.batch_size)  # fmt: skip
-    attach_timings(rows, timings)
-    return rows, {name: made for name, (made, _) in built.items()}
+    models = {name: model for name, (_, model) in built.items()}
+    attach_timings(rows, _time(models, development + calibration, target.shapes.batch_size))
+    check = _held_out(manifest, target, models, texts["held_out"])
+    return rows, {name: made for name, (made, _) in built.items()}, check
+
+
+def held_out_texts(manifest: Manifest, target: Target) -> list:
+    """The validation stage's held-out examples, which the search also holds its fastest passing candidates to."""
+    return examples(read_texts(manifest.validation_path, "validation"), manifest.checkpoint.task, target.generation)
 
 
 def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
     """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
     calibration, development = development_split(texts)
+    split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
     if family(manifest) == "decoder":
-        rows, graphs = search_decoders(manifest, target, development, flags, out)
+        rows, graphs, check = search_decoders(manifest, target, split, flags, out)
         built = {name: {"graph": graph, "backend": "onnxruntime", "session": {}} for name, graph in graphs.items()}
     else:
-        rows, built = _search_encoders(manifest, target, development, calibration, flags, out)
-    winner = choose(rows)
+        rows, built, check = _search_encoders(manifest, target, split, flags, out)
+    winner = choose(rows, check)
     if winner is None:
         raise _no_winner(manifest, target, rows)
     made = built[winner["name"]]
@@ -231,7 +277,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
         "chosen": winner["name"], "backend": made["backend"], "precision": winner["precision"],
         "graph": made["graph"].name, "session": made["session"], "candidates": rows,
         "calibration_examples": len(calibration), "development_examples": len(development),
-        "kernel_class": kernel_class(flags),
+        "held_out_examples": len(split["held_out"]), "kernel_class": kernel_class(flags),
         "timed_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
 
@@ -248,6 +294,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         batch_size=target.shapes.batch_size,
         sequence=SEQUENCE,
         calibration=texts_digest(texts),
+        held_out=texts_digest(held_out_texts(manifest, target)),
     )
     inputs = {"export": manifest.stage("export").key, "optimize": manifest.stage("optimize").key}
     record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, out))

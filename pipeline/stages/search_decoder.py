@@ -9,8 +9,9 @@ build host, candidates alternating run by run, at three shapes:
     decode_1     ms per generated token, one row
     decode_8     ms per step, eight rows (16-token prompts)
 
-The fastest that passes is chosen; validation then holds it to its full gate (greedy continuations included) on
-held-out text. A candidate that misses is a row in the table.
+Those that pass are held, fastest first, to the same teacher-forced gate on the held-out prompts, and the first
+that passes there is chosen; validation then holds it to its full gate (greedy continuations included). A
+candidate that misses is a row in the table.
 """
 
 from __future__ import annotations
@@ -91,11 +92,16 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
 
 def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[object, dict]:
     """The candidate's runtime model and its row's statistics against the PyTorch teacher-forced reference."""
-    model = candidate_model(manifest, target, graph)
-    stats = teacher_forced_stats(reference, teacher_outputs(model, reference, target.shapes.batch_size))
+    model = candidate_model(manifest, target, graph, session={"allow_spinning": False})  # they alternate when timed
+    return model, _stats(model, reference, target.shapes.batch_size)
+
+
+def _stats(model, reference: dict, batch_size: int) -> dict:
+    """Teacher-forced statistics of `model` against `reference`, with `finite: False` where any is not finite."""
+    stats = teacher_forced_stats(reference, teacher_outputs(model, reference, batch_size))
     if not all(np.isfinite(v) for v in stats.values()):
         stats["finite"] = False
-    return model, stats
+    return stats
 
 
 def _layers(graph: Path) -> list[list[str]]:
@@ -145,11 +151,13 @@ def _bisect(manifest, target, candidate, reference, work: Path, missed) -> tuple
     return best[0], tries, best[1]
 
 
-def search_decoders(manifest: Manifest, target: Target, development: list[str], flags, out: Path) -> tuple:
-    """Build, judge and time every decoder candidate; returns (rows, {name: graph path}) for the built ones."""
+def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out: Path) -> tuple:
+    """Build, judge and time every decoder candidate on `texts["development"]`; returns (rows, {name: graph path}
+    for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`, teacher-forced)."""
     checkpoint = manifest.checkpoint
-    torch_model = load_torch_model(checkpoint)
-    reference = teacher_forced(torch_model, load_hf_tokenizer(checkpoint), development, checkpoint.max_length)
+    torch_model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
+    reference = teacher_forced(torch_model, tokenizer, texts["development"], checkpoint.max_length)
+    held_out = teacher_forced(torch_model, tokenizer, texts["held_out"], checkpoint.max_length)
     del torch_model
 
     def make(candidate: Candidate):
@@ -167,6 +175,11 @@ def search_decoders(manifest: Manifest, target: Target, development: list[str], 
     rows, built = judge_candidates(
         target.family_candidates("decoder"), flags, "search: building decoder candidates", make
     )
-    timings = _time({name: model for name, (_, model) in built.items()}, development) if built else {}
+    timings = _time({name: model for name, (_, model) in built.items()}, texts["development"]) if built else {}
     attach_timings(rows, timings)
-    return rows, {name: graph for name, (graph, _) in built.items()}
+
+    def check(name: str):
+        stats = _stats(built[name][1], held_out, target.shapes.batch_size)
+        return stats, failures(stats, target.with_candidate(name).accuracy)
+
+    return rows, {name: graph for name, (graph, _) in built.items()}, check

@@ -4,6 +4,7 @@ artifacts that load and match PyTorch, and the host's kernel class on record."""
 import json
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from pipeline.errors import AccuracyError, ArtifactError, TargetError
 from pipeline.reference import checkpoint_from_source, pytorch_outputs
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.search import choose
+from pipeline.stages.search import _no_winner, choose
 from pipeline.targets import NATIVE, load_target, native_target
 
 from ..conftest import REPO, SMALL_TEXTS, write_target
@@ -24,6 +25,17 @@ OPENVINO_FP32 = [{"name": "openvino-fp32", "engine": "openvino", "precision": "f
 def _build(checkpoint, target, texts_file, calibration_file, tmp_path):
     return build(checkpoint, str(target), validation=texts_file, calibration=calibration_file,
                  artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")  # fmt: skip
+
+
+def assert_chosen_is_the_fastest_that_passed_held_out(rows: list[dict]) -> None:
+    """The chosen row passed on both splits; every faster row that passed the development split missed on
+    held-out text, and no slower row was held to it."""
+    [chosen] = [r for r in rows if r["chosen"]]
+    assert chosen["status"] == "passed" and chosen["held_out"]["status"] == "passed"
+    for row in rows:
+        if row["status"] == "passed" and row is not chosen:
+            faster = row["score"] < chosen["score"]
+            assert (row.get("held_out") or {}).get("status") == ("missed" if faster else None)
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +50,8 @@ def test_search_reports_every_candidate_and_chooses_the_fastest_that_passed(sear
     assert [r["name"] for r in rows] == [c.name for c in load_target("cpu-avx2").family_candidates("encoder")]
     timed = [r for r in rows if r["status"] in ("passed", "missed")]
     assert timed and all(set(r["latency_ms"]) == {"batch_1", "batch_32", "mixed_32"} for r in timed)
-    [chosen] = [r for r in rows if r["chosen"]]
-    assert chosen["status"] == "passed" and chosen["name"] == metrics["chosen"]
-    assert chosen["score"] == min(r["score"] for r in rows if r["status"] == "passed")
+    assert_chosen_is_the_fastest_that_passed_held_out(rows)
+    assert metrics["chosen"] == next(r["name"] for r in rows if r["chosen"])
     folder = REPO / searched.published["path"]
     published = json.loads((folder / "manifest.json").read_text())
     untimed = [
@@ -71,6 +82,30 @@ def test_choose_prefers_a_slower_passing_candidate_to_a_faster_failing_one():
     assert choose(rows)["name"] == "bf16"
     assert [r["chosen"] for r in rows] == [False, False, True, False]
     assert choose([{**rows[0]}]) is None
+
+
+def test_choose_falls_back_to_the_next_fastest_that_passes_on_held_out_text(tmp_path):
+    rows = [
+        {"name": "int8", "status": "passed", "latency_ms": {"b1": 1.0}},
+        {"name": "bf16", "status": "passed", "latency_ms": {"b1": 2.0}},
+        {"name": "fp32", "status": "passed", "latency_ms": {"b1": 3.0}},
+    ]
+    asked = []
+
+    def held_out(name):
+        asked.append(name)
+        return {"cosine_min": 0.98 if name == "int8" else 0.9999}, ["cosine_min 0.98 < 0.995"] if name == "int8" else []
+
+    assert choose(rows, held_out)["name"] == "bf16"
+    assert asked == ["int8", "bf16"] and "held_out" not in rows[2]
+    assert rows[0]["held_out"] == {"status": "missed", "missed": ["cosine_min 0.98 < 0.995"], "cosine_min": 0.98}
+    assert [r["chosen"] for r in rows] == [False, True, False]
+    none_pass = [{**r} for r in rows]
+    assert choose(none_pass, lambda name: ({}, ["cosine_min 0.9 < 0.995"])) is None
+    manifest = types.SimpleNamespace(model_name="m", validation_path=str(tmp_path / "v.txt"))
+    message = str(_no_winner(manifest, load_target("cpu-avx2"), none_pass))
+    assert "passed on the development split missed on the held-out text" in message
+    assert "int8: cosine_min 0.9 < 0.995; bf16: " in message and "Nothing was published" in message
 
 
 def test_build_fails_naming_the_closest_candidate_when_none_passes(tiny_bert, texts_file, calibration_file, tmp_path):
