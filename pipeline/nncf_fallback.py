@@ -1,0 +1,121 @@
+"""NNCF int8 for OpenVINO with a sensitivity fallback: the MatMul kinds whose int8 error is largest stay in the
+compile precision (bf16 or fp32) until the development split passes.
+
+A transformer's MatMuls come in kinds that repeat in every layer (query, key, value, the attention output, the
+two feed-forward ones; OpenVINO fuses the two attention products into ScaledDotProductAttention). One fully
+quantized model and one pass over a few calibration feeds rank the kinds by the error each activation quantizer
+adds at its own input (a local figure, so an early layer's error is not counted again downstream; each kind's
+mean over its layers), and a bisection over that ranking finds the fewest leading kinds to keep out of int8 with
+which the model passes: one NNCF quantization and one development pass a try, about log2(kinds) tries.
+(The relative error of each MatMul's output against the fp32 model ranked MiniLM's feed-forward output last,
+the kind that matters most: it carries all the error from before it.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+
+import numpy as np
+
+from pipeline.quiet import silenced
+
+RANKING_FEEDS = 16
+
+
+def _kind(name: str) -> str:
+    """A MatMul's kind: its name with the layer index taken out (`layer.3/output/dense` -> `layer.*/output/dense`)."""
+    return re.sub(r"(layers?|h|block)\.\d+", r"\1.*", name)
+
+
+def matmul_kinds(model) -> dict[str, list[str]]:
+    """The model's MatMul friendly names, grouped by kind, in graph order."""
+    kinds: dict[str, list[str]] = {}
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "MatMul":
+            kinds.setdefault(_kind(op.get_friendly_name()), []).append(op.get_friendly_name())
+    return kinds
+
+
+def _activation_quantizers(quantized) -> list[tuple[object, list[str]]]:
+    """Each FakeQuantize of an activation in `quantized`, with the MatMuls it feeds."""
+    found = []
+    for op in quantized.get_ordered_ops():
+        if op.get_type_name() != "FakeQuantize" or op.input_value(0).get_node().get_type_name() == "Constant":
+            continue
+        users = [t.get_node() for t in op.output(0).get_target_inputs()]
+        matmuls = [u.get_friendly_name() for u in users if u.get_type_name() == "MatMul"]
+        if matmuls:
+            found.append((op, matmuls))
+    return found
+
+
+def kind_ranking(quantized, feeds: list[dict]) -> list[str]:
+    """The quantized MatMul kinds, most sensitive first: the mean relative error that each activation quantizer
+    adds at its own input (its output against its input, in fp32, over `feeds`), over the kind's layers. The
+    error is local: what earlier layers' quantization did does not count again."""
+    import openvino as ov
+
+    quantizers = _activation_quantizers(quantized)
+    probe = quantized.clone()
+    ops = {op.get_friendly_name(): op for op in probe.get_ops()}
+    ports = [port for op, _ in quantizers for port in (ops[op.get_friendly_name()].input_value(0),
+                                                         ops[op.get_friendly_name()].output(0))]  # fmt: skip
+    probe.add_outputs(ports)
+    compiled = ov.Core().compile_model(probe, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    first = len(compiled.outputs) - len(ports)
+    results = [compiled(feed) for feed in feeds]
+    errors: dict[str, list[float]] = {}
+    for i, (_, matmuls) in enumerate(quantizers):
+        before, after = compiled.outputs[first + 2 * i], compiled.outputs[first + 2 * i + 1]
+        error = np.mean([np.linalg.norm(r[after] - r[before]) / max(np.linalg.norm(r[before]), 1e-12) for r in results])
+        for name in matmuls:
+            errors.setdefault(_kind(name), []).append(float(error))
+    score = {kind: float(np.mean(values)) for kind, values in errors.items()}
+    return sorted(score, key=score.get, reverse=True)
+
+
+def nncf_int8(model, calibration_feeds: list[dict], ignored: list[str] = ()):
+    """NNCF post-training int8 of an OpenVINO model (transformer preset), leaving the MatMuls `ignored` alone."""
+    import nncf
+
+    nncf.set_log_level(logging.ERROR)
+    scope = nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None
+    with silenced("nncf"), contextlib.redirect_stdout(io.StringIO()):  # its progress bars
+        return nncf.quantize(
+            model.clone(), nncf.Dataset(calibration_feeds), model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(calibration_feeds), ignored_scope=scope,
+        )  # fmt: skip
+
+
+def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes) -> tuple[object, dict]:
+    """NNCF int8 of `model`, keeping the fewest most sensitive MatMul kinds out of int8 with which `passes(model)`
+    holds (bisection over the ranking). Returns the model (the one with most kinds kept where none passes) and
+    its record: kinds and nodes kept, each try."""
+    quantized = nncf_int8(model, calibration_feeds)
+    tries = [{"kept_kinds": 0, "passed": passes(quantized)}]
+    kinds = matmul_kinds(model)
+    if tries[0]["passed"]:
+        return quantized, {"kept_kinds": [], "kept_nodes": 0, "matmuls": sum(map(len, kinds.values())), "tries": tries}
+    ranking = kind_ranking(quantized, calibration_feeds[:RANKING_FEEDS])
+    built = {0: quantized}
+
+    def attempt(count: int) -> bool:
+        built[count] = nncf_int8(model, calibration_feeds, [n for k in ranking[:count] for n in kinds.get(k, [])])
+        tries.append({"kept_kinds": count, "passed": passes(built[count])})
+        return tries[-1]["passed"]
+
+    low, high = 0, len(ranking)  # low misses
+    if not attempt(high):
+        chosen = high
+    else:
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if attempt(middle) else (middle, high)
+        chosen = high
+    kept = ranking[:chosen]
+    record = {"kept_kinds": kept, "kept_nodes": sum(len(kinds.get(k, [])) for k in kept),
+              "matmuls": sum(map(len, kinds.values())), "tries": tries}  # fmt: skip
+    return built[chosen], record
