@@ -74,7 +74,7 @@ def kind_ranking(quantized, feeds: list[dict]) -> list[str]:
         for name in matmuls:
             errors.setdefault(_kind(name), []).append(float(error))
     score = {kind: float(np.mean(values)) for kind, values in errors.items()}
-    return sorted(score, key=score.get, reverse=True)
+    return sorted(score, key=lambda kind: (-score[kind], kind))  # kinds fed by one quantizer tie: by name
 
 
 def nncf_int8(model, calibration_feeds: list[dict], ignored: list[str] = ()):

@@ -44,7 +44,7 @@ from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
-VERSION = 7
+VERSION = 8
 SEQUENCE = 128
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
@@ -113,6 +113,7 @@ def _dev_gate(manifest: Manifest, target: Target, feeds: list, reference):
     from pipeline.runtime.backends.openvino import compile_config
 
     metric = TASKS[manifest.checkpoint.task].metric
+
     def passes(model) -> bool:
         compiled = ov.Core().compile_model(model, "CPU", compile_config({}))
         got = np.concatenate([compiled(feed)[compiled.outputs[0]] for feed in feeds])

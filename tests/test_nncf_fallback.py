@@ -1,0 +1,71 @@
+"""NNCF int8 with MatMul kinds kept out of int8: the ranking by local quantization error, and the bisection that
+keeps the fewest kinds with which a model passes, run with real NNCF and OpenVINO on the tiny BERT."""
+
+import pytest
+
+from pipeline.manifest import Manifest, candidate_model
+from pipeline.nncf_fallback import (
+    RANKING_FEEDS,
+    _activation_quantizers,
+    _kind,
+    int8_with_kinds_kept,
+    kind_ranking,
+    matmul_kinds,
+    nncf_int8,
+)
+from pipeline.stages import checkpoint, export
+from pipeline.targets import load_target
+
+from .conftest import CALIBRATION_TEXTS, SMALL_TEXTS
+
+ov = pytest.importorskip("openvino")
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_bert, texts_file, calibration_file, tmp_path_factory):
+    """The tiny BERT's plain export as an OpenVINO model, and one feed per calibration text."""
+    target = load_target("cpu-avx2")
+    cache = tmp_path_factory.mktemp("nncf") / "cache"
+    manifest = Manifest("tiny", str(tiny_bert), str(cache), "", str(texts_file), str(calibration_file))
+    for stage in (checkpoint.run, export.run):
+        manifest = stage(manifest, target)
+    onnx_path = manifest.stage("export").output("model.onnx")
+    probe = candidate_model(manifest, target, onnx_path)
+    feeds = [probe.feeds(probe.encode([text])) for text in CALIBRATION_TEXTS + SMALL_TEXTS]
+    return ov.convert_model(str(onnx_path)), feeds
+
+
+def _int8_kinds(model) -> set[str]:
+    """The kinds of the MatMuls that an activation quantizer feeds."""
+    return {_kind(name) for _, names in _activation_quantizers(model) for name in names}
+
+
+def test_kinds_group_each_layers_matmuls_and_the_ranking_covers_the_quantized_ones(plain):
+    model, feeds = plain
+    kinds = matmul_kinds(model)
+    assert all("layer.*" in kind for kind in kinds) and len(set(map(len, kinds.values()))) == 1
+    quantized = nncf_int8(model, feeds)
+    ranking = kind_ranking(quantized, feeds[:RANKING_FEEDS])
+    assert set(ranking) == _int8_kinds(quantized) and set(ranking) <= set(kinds) and len(ranking) >= 4
+    assert not _int8_kinds(model)  # quantizing works on a copy
+
+
+def test_bisection_keeps_the_fewest_leading_kinds_that_pass(plain):
+    model, feeds = plain
+    ranking = kind_ranking(nncf_int8(model, feeds), feeds[:RANKING_FEEDS])
+    needed = set(ranking[:2])
+    kept_model, record = int8_with_kinds_kept(model, feeds, lambda m: not needed & _int8_kinds(m))
+    assert record["kept_kinds"] == ranking[:2] and not needed & _int8_kinds(kept_model)
+    assert _int8_kinds(kept_model) == set(ranking[2:])
+    counts = [t["kept_kinds"] for t in record["tries"]]
+    assert counts[:2] == [0, len(ranking)] and len(counts) <= 2 + len(ranking).bit_length()
+    assert all(t["passed"] == (t["kept_kinds"] >= 2) for t in record["tries"])
+    assert record["kept_nodes"] == 2 * len(next(iter(matmul_kinds(model).values())))
+
+
+def test_no_fallback_when_full_int8_passes_and_every_kind_kept_when_nothing_does(plain):
+    model, feeds = plain
+    full, record = int8_with_kinds_kept(model, feeds, lambda m: True)
+    assert record["kept_kinds"] == [] and record["tries"] == [{"kept_kinds": 0, "passed": True}] and _int8_kinds(full)
+    kept, record = int8_with_kinds_kept(model, feeds, lambda m: False)
+    assert not _int8_kinds(kept) and len(record["tries"]) == 2 and not any(t["passed"] for t in record["tries"])
