@@ -48,11 +48,31 @@ def token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
     return {name: arrays[name] for name in model.input_names}
 
 
-def _bucketing(model: Model, texts: list[str], reps: int) -> dict:
+def _mixed_texts(texts: list[str], count: int = 32) -> list[str]:
+    """`count` texts, mostly short and an eighth long, in a fixed shuffled order: a typical mixed request."""
     by_length = sorted(texts, key=len)
-    mixed = by_length[:28] + by_length[-4:]  # mostly short, a few long: a typical mixed request
-    rng = np.random.default_rng(0)
-    mixed = [mixed[i] for i in rng.permutation(len(mixed))]
+    long = count // 8
+    mixed = by_length[: count - long] + by_length[len(by_length) - long :]
+    return [mixed[i] for i in np.random.default_rng(0).permutation(len(mixed))]
+
+
+def _mixed_batch(runners: dict, model: Model, texts: list, accurate: set, batch: int, rounds: tuple) -> list:
+    """Every variant on one mixed-length batch of `batch` texts as one call does it: the peers on the batch padded
+    to its longest text (what SentenceTransformer.encode and a plain compile do with it), the artifact from text,
+    tokenization and length bucketing included. Rows as the grid's, `seq` "mixed"."""
+    mixed = _mixed_texts(texts, batch)
+    padded = model.feeds(model.encode(mixed))
+    calls = {name: run for name, run in runners.items() if name != ARTIFACT}
+    calls[ARTIFACT] = lambda _feeds: model.run(mixed)
+    times = time_until_stable(calls, padded, *rounds)
+    rows = _grid_rows(times, len(mixed), padded["input_ids"].shape[1], accurate)
+    for row in rows:
+        row.update(seq="mixed", tokens_per_s=None)
+    return rows
+
+
+def _bucketing(model: Model, texts: list[str], reps: int) -> dict:
+    mixed = _mixed_texts(texts)
     runners = {"padded": lambda _: model.run(mixed, bucketing=False), "bucketed": lambda _: model.run(mixed)}
     times = time_alternating(runners, {}, 3.0, reps, reps * 4)
     padded, bucketed = statistics.median(times["padded"]), statistics.median(times["bucketed"])
@@ -215,10 +235,11 @@ def bench(
         for batch in batch_sizes:
             times = time_until_stable(runners, token_rows(shipped, texts, batch, length), min_rounds, max_rounds)
             grid += _grid_rows(times, batch, length, accurate)
+    mixed = _mixed_batch(runners, shipped, texts, accurate, max(batch_sizes), (min_rounds, max_rounds))
     results = {
         **identity(manifest, real, threads),
         "variants": loads, "missing_variants": missing, "accuracy_cosine_min": accuracy, "accuracy_gate": gate,
-        "grid": grid,
+        "grid": grid, "mixed": mixed,
         "bucketing": _bucketing(shipped, texts, min_rounds),
         "concurrency": serving.concurrency(shipped, real, texts, seconds=serving_seconds, servers=servers),
         "tokenization": _tokenization_share(shipped, texts, min_rounds),
@@ -265,7 +286,7 @@ def markdown(results: dict) -> str:
         "accurate peer |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in results["grid"]:
+    for row in results["grid"] + results.get("mixed", []):
         ratio = f"x{row['speedup_vs_pytorch']:.2f}" if row["speedup_vs_pytorch"] else "-"
         peer = "-"
         if "best_peer" in row:

@@ -19,13 +19,15 @@ def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
         assert row["tokens_per_s"] == row["sequences_per_s"] * row["seq"]
         if row["variant"] == "artifact" and "best_peer" in row:
             assert row["speedup_low"] <= row["speedup_vs_best_peer"] <= row["speedup_high"]
+    mixed = {row["variant"]: row for row in results["mixed"]}
+    assert set(mixed) == variants and all(row["seq"] == "mixed" and row["batch"] == 2 for row in mixed.values())
+    assert mixed["artifact"]["speedup_vs_best_peer"] > 0
     saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["grid"] == results["grid"]
+    assert saved["grid"] == results["grid"] and saved["mixed"] == results["mixed"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "bench.md").read_text()
-    assert (
-        "| artifact | 2 | 16 |" in table and "Bucketing" in table and "| batcher | 32 |" in table and "Host:" in table
-    )
+    assert "| artifact | 2 | 16 |" in table and "| artifact | 2 | mixed |" in table and "Host:" in table
+    assert "Bucketing" in table and "| batcher | 32 |" in table
     assert 0 < results["tokenization"]["share"] < 1
     rows = results["concurrency"]["rows"]
     assert [(r["variant"], r["callers"]) for r in rows] == [(v, n) for v in ("direct", "batcher") for n in (1, 8, 32)]

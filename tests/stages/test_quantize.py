@@ -10,7 +10,7 @@ from pipeline.build import build
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.quantization import activation_absmax, quantizable_nodes, smooth
-from pipeline.stages import checkpoint, export, optimize
+from pipeline.stages import checkpoint, export, optimize, quantize
 from pipeline.targets import load_target
 
 from ..conftest import SMALL_TEXTS, write_target
@@ -59,13 +59,17 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, text
         tmp_path, "strict", accuracy__max_abs_diff=plain_diff * 0.7, quantize__fallback_headroom=0.0,
         quantize__max_fp32_nodes=6,
     )  # fmt: skip
-    mixed = build(tiny_bert, str(strict), validation=texts_file, calibration=texts_file, **build_dirs)
-    metrics = mixed.stage("quantize").metrics
+    # The stages up to quantize alone: the fallback is judged on the development split (3 of these 12 texts), and
+    # a threshold this close to plain int8's may miss on all 12 in validation (it did on an AVX-512 host).
+    manifest = Manifest("tiny-bert", str(tiny_bert), str(build_dirs["cache_dir"]), "", str(texts_file), str(texts_file))
+    for stage in (checkpoint.run, export.run, optimize.run, quantize.run):
+        manifest = stage(manifest, load_target(str(strict)))
+    metrics = manifest.stage("quantize").metrics
     assert metrics["candidates"][0]["passed"] is False and metrics["candidates"][-1]["passed"] is True
     assert 1 <= len(metrics["fp32_nodes"]) <= 6
     assert len(metrics["sensitivity"]) == 8
     assert metrics["fp32_nodes"][0] == metrics["sensitivity"][0]["node"]  # the most sensitive goes first
-    assert mixed.stage("validate").metrics["max_abs_diff"] <= plain_diff * 0.7
+    assert metrics["candidates"][-1]["max_abs_diff"] <= plain_diff * 0.7 < metrics["candidates"][0]["max_abs_diff"]
 
 
 def test_quantize_raises_when_fallback_budget_is_spent(tiny_bert, texts_file, build_dirs, tmp_path):
