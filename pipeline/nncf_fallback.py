@@ -60,9 +60,11 @@ def kind_ranking(quantized, feeds: list[dict]) -> list[str]:
 
     quantizers = _activation_quantizers(quantized)
     probe = quantized.clone()
-    ops = {op.get_friendly_name(): op for op in probe.get_ops()}
-    ports = [port for op, _ in quantizers for port in (ops[op.get_friendly_name()].input_value(0),
-                                                         ops[op.get_friendly_name()].output(0))]  # fmt: skip
+    twins = {op.get_friendly_name(): op for op in probe.get_ops()}
+    ports = []
+    for op, _ in quantizers:
+        twin = twins[op.get_friendly_name()]
+        ports += [twin.input_value(0), twin.output(0)]
     probe.add_outputs(ports)
     compiled = ov.Core().compile_model(probe, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     first = len(compiled.outputs) - len(ports)

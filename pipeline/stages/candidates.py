@@ -10,6 +10,10 @@ from pipeline.metrics import closeness, failures
 from pipeline.progress import note, progress
 from pipeline.targets import Candidate
 
+# Session settings of every timed candidate: they alternate, and a spinning ONNX Runtime pool would take the cores
+# of the next one.
+NO_SPINNING = {"allow_spinning": False}
+
 
 def candidate_row(candidate: Candidate, status: str, **values) -> dict:
     """A candidate's row in the search table."""

@@ -38,7 +38,7 @@ from pipeline.metrics import compare, failures, measure
 from pipeline.progress import progress
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.candidates import attach_timings, judge_candidates
+from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
 from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
@@ -86,19 +86,22 @@ def chosen_target(manifest: Manifest, target: Target) -> Target:
     return target.with_candidate(record.metrics["chosen"]) if record else target
 
 
-def _openvino_graph(onnx_path: Path, out: Path, candidate: Candidate, feeds: list, passes) -> tuple[dict, dict]:
-    """The plain export as OpenVINO IR in `out` (model.xml, model.bin); for int8, NNCF-quantized with the MatMul
-    kinds kept out of int8 that `passes(model)` needs (pipeline.nncf_fallback). Returns the session settings it
-    runs with and the fallback's record (None for fp32 and bf16)."""
+def _openvino_graph(manifest, target, candidate: Candidate, out: Path, texts: dict, reference) -> tuple[dict, dict]:
+    """The plain export as OpenVINO IR in `out` (model.xml, model.bin); for int8, NNCF-quantized on the calibration
+    split with the MatMul kinds kept out of int8 that the development split needs (pipeline.nncf_fallback).
+    Returns the session settings it runs with and the fallback's record (None for fp32 and bf16)."""
     import openvino as ov
 
-    model = ov.convert_model(str(onnx_path))
+    model = ov.convert_model(str(manifest.stage("export").output("model.onnx")))
     session = {"inference_precision": OV_PRECISION[candidate.precision]} if candidate.precision in OV_PRECISION else {}
     fallback = None
     if candidate.quantize == "nncf":
         from pipeline.nncf_fallback import int8_with_kinds_kept
 
-        model, fallback = int8_with_kinds_kept(model, feeds, passes)
+        probe = candidate_model(manifest, target, manifest.stage("optimize").output("model.onnx"))
+        calibration = [probe.feeds(probe.encode([t])) for t in texts["calibration"]]
+        development = [probe.feeds(probe.encode([t])) for t in texts["development"]]
+        model, fallback = int8_with_kinds_kept(model, calibration, _dev_gate(manifest, target, development, reference))
     ov.save_model(model, str(out / "model.xml"), compress_to_fp16=False)
     return session, fallback
 
@@ -129,11 +132,7 @@ def _build(manifest, target, candidate: Candidate, work: Path, texts: dict, refe
     calibration, development = texts["calibration"], texts["development"]
     fp32 = manifest.stage("optimize").output("model.onnx")
     if candidate.engine == "openvino":
-        probe = candidate_model(manifest, target, fp32)
-        feeds = [probe.feeds(probe.encode([text])) for text in calibration]
-        passes = _dev_gate(manifest, target, [probe.feeds(probe.encode([t])) for t in development], reference)
-        export = manifest.stage("export").output("model.onnx")
-        session, fallback = _openvino_graph(export, work, candidate, feeds, passes)
+        session, fallback = _openvino_graph(manifest, target, candidate, work, texts, reference)
         return {"graph": work / "model.xml", "backend": "openvino", "session": session, "fallback": fallback}
     if candidate.precision == "fp32":
         shutil.copyfile(fp32, work / "model.onnx")
@@ -228,20 +227,14 @@ def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> Accuracy
     )
 
 
-# Candidates alternate while timed: a spinning ONNX Runtime pool would take the cores of the next one.
-NO_SPINNING = {"allow_spinning": False}
-
-
 def _held_out(manifest: Manifest, target: Target, models: dict, texts: list):
     """`check(name) -> (stats, missed)`: candidate `name` against PyTorch on the held-out `texts`, at its own
-    thresholds. The reference is computed on first use."""
+    thresholds."""
     metric = TASKS[manifest.checkpoint.task].metric
-    reference = []
+    reference = pytorch_outputs(manifest.checkpoint, texts)
 
     def check(name: str):
-        if not reference:
-            reference.append(pytorch_outputs(manifest.checkpoint, texts))
-        stats = measure(models[name], texts, reference[0], metric, target.shapes.batch_size)
+        stats = measure(models[name], texts, reference, metric, target.shapes.batch_size)
         return stats, failures(stats, target.with_candidate(name).accuracy)
 
     return check

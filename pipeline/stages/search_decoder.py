@@ -31,7 +31,7 @@ from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
 from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
 from pipeline.runtime.kv_cache import Decoding
-from pipeline.stages.candidates import attach_timings, judge_candidates
+from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
 
 PROMPT = 128
@@ -92,7 +92,7 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
 
 def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[object, dict]:
     """The candidate's runtime model and its row's statistics against the PyTorch teacher-forced reference."""
-    model = candidate_model(manifest, target, graph, session={"allow_spinning": False})  # they alternate when timed
+    model = candidate_model(manifest, target, graph, session=NO_SPINNING)
     return model, _stats(model, reference, target.shapes.batch_size)
 
 
