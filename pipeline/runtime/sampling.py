@@ -66,6 +66,13 @@ class Sampling:
 def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, settings: Sampling, rng) -> np.ndarray:
     """The next token of each row from its logits [b, V], given each row's tokens so far (prompt and
     generated, for the repetition penalty) and the number of tokens generated before this one."""
+    holding_eos = steps < settings.min_new_tokens and settings.eos
+    if not settings.do_sample and settings.repetition_penalty == 1.0:
+        # Greedy reads the logits in place: a copy of each 49k-entry row costs more than the rest of the step's
+        # Python. End-of-sequence tokens held back by min_new_tokens only matter when one of them is the argmax.
+        chosen = logits.argmax(-1)
+        if not holding_eos or settings.eos.isdisjoint(chosen.tolist()):
+            return chosen
     scores = np.array(logits, dtype=np.float32)
     if settings.repetition_penalty != 1.0:
         for row, tokens in enumerate(context):
@@ -73,7 +80,7 @@ def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, sett
             picked = scores[row, seen]
             penalty = np.float32(settings.repetition_penalty)
             scores[row, seen] = np.where(picked < 0, picked * penalty, picked / penalty)
-    if steps < settings.min_new_tokens and settings.eos:
+    if holding_eos:
         scores[:, sorted(settings.eos)] = -np.inf
     if not settings.do_sample:
         return scores.argmax(-1)
