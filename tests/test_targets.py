@@ -145,7 +145,7 @@ def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
     decoders = target.family_candidates("decoder")
     assert [(c.quantize, c.bits, c.blocks) for c in decoders] == [
         ("none", 8, "symmetric"),
-        ("weight_only", 8, "symmetric"),
+        ("weight_only", 8, "zero_point"),
         ("weight_only", 4, "symmetric"),
         ("weight_only", 4, "minimum"),
     ]
