@@ -3,7 +3,7 @@
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
-# make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32 and int4 models of MODEL, which `make bench`
+# make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 and int4 models of MODEL, which `make bench`
 #   then runs beside the artifact
 PYTHON ?= python3
 VENV := .venv
@@ -32,14 +32,14 @@ ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr
 
 # onnxruntime-genai's models of MODEL, where `make genai-models` made them: the decoder benchmark's peers.
 GENAI_DIR = .cache/genai/$(notdir $(abspath $(or $(MODEL),.)))
-GENAI_PEERS = $(foreach p,fp32 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
+GENAI_PEERS = $(foreach p,fp32 int8 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
 
 bench: build
 	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(GENAI_PEERS)
 
 # onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
-# there, but a stray token.py would be). int4: blocks of 32, accuracy level 4, as the decoder issue measured.
+# there, but a stray token.py would be). int8 and int4: blocks of 32, accuracy level 4, as the decoder issue measured.
 genai-models:
 	@test -n "$(MODEL)" || (echo "make genai-models needs MODEL=<checkpoint folder>, e.g. MODEL=.cache/smollm2"; exit 2)
 	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
@@ -48,6 +48,9 @@ genai-models:
 		-o "$(abspath $(GENAI_DIR))-fp32" -p fp32 -e cpu -c "$(abspath .cache/genai/hf)"
 	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
 		-o "$(abspath $(GENAI_DIR))-int4" -p int4 -e cpu -c "$(abspath .cache/genai/hf)" \
+		--extra_options int4_accuracy_level=4 int4_block_size=32
+	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
+		-o "$(abspath $(GENAI_DIR))-int8" -p int8 -e cpu -c "$(abspath .cache/genai/hf)" \
 		--extra_options int4_accuracy_level=4 int4_block_size=32
 
 # Peak memory of static calibration as the example count grows (several minutes).
