@@ -1,7 +1,8 @@
 """gqa_from_decomposed: a graph pass that replaces the decomposed attention of a decoder export with ONNX Runtime's
 GroupQueryAttention contrib op: Llama and Qwen2 with rotary embedding inside and Q/K/V packed into one MatMul;
 GPT-2 (Q/K/V already packed by c_attn, learned positions) with kv_num_heads = num_heads, which is multi-head
-attention with the same cache handling.
+attention with the same cache handling; GPT-NeoX (Pythia) likewise, its query_key_value columns reordered from
+per-head [q, k, v] to the op's [Q, K, V], with its partial rotary (the first rotary_pct of each head) inside the op.
 
 Per layer, optimum's export computes
 
@@ -26,9 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-FUSABLE = ("llama", "qwen2", "gpt2")
-# ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention for other head sizes.
-HEAD_SIZE_MULTIPLE = 16
+FUSABLE = ("llama", "qwen2", "gpt2", "gpt_neox")
+# ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention over other widths (its cos cache
+# must be a multiple of 8 wide, half the rotated dimensions).
+ROTARY_MULTIPLE = 16
 
 
 def fusion_problem(model) -> str | None:
@@ -42,23 +44,24 @@ def fusion_problem(model) -> str | None:
         return None
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention is not rewritten"
-    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head_size % HEAD_SIZE_MULTIPLE:
-        return f"head size {head_size} is not a multiple of {HEAD_SIZE_MULTIPLE}, which the CPU kernel's rotary needs"
-    if getattr(model.model, "rotary_emb", None) is None:
+    rotary = getattr(model.base_model, "rotary_emb", None)
+    if rotary is None:
         return "the model has no rotary_emb module to build the cos/sin cache from"
+    dims = 2 * len(rotary.inv_freq)
+    if dims % ROTARY_MULTIPLE:
+        return f"{dims} rotary dimensions a head is not a multiple of {ROTARY_MULTIPLE}, which the CPU kernel needs"
     return None
 
 
 def rotary_cache(model, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [length, head_size / 2] of the model's own rotary embedding (its scaling type and factor
+    """cos and sin [length, rotary dimensions / 2] of the model's own rotary embedding (its scaling type and factor
     included) at positions 0 .. length - 1."""
     import torch
 
     positions = torch.arange(length)[None]
     probe = torch.zeros(1, dtype=torch.float32)
     with torch.inference_mode():
-        cos, sin = model.model.rotary_emb(probe, positions)
+        cos, sin = model.base_model.rotary_emb(probe, positions)
     half = cos.shape[-1] // 2
     return cos[0, :, :half].numpy().astype(np.float32), sin[0, :, :half].numpy().astype(np.float32)
 
@@ -128,10 +131,24 @@ def _prune(graph) -> None:
         field.extend(alive)
 
 
-def _llama_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
+def _packed_projection(prefix: str, x: str, weight: np.ndarray, bias, arrays: dict) -> tuple[list, str]:
+    """One MatMul (and bias Add) of `x` by a packed [Q, K, V] weight, its arrays put in `arrays`: (nodes, output)."""
+    from onnx import helper
+
+    name = f"{prefix}qkv_proj"
+    arrays[f"{name}.weight"] = weight
+    made = [helper.make_node("MatMul", [x, f"{name}.weight"], [f"{name}/out"], name=f"{name}/MatMul")]
+    if bias is None:
+        return made, f"{name}/out"
+    arrays[f"{name}.bias"] = bias
+    made.append(helper.make_node("Add", [f"{name}/out", f"{name}.bias"], [f"{name}/biased"], name=f"{name}/Add"))
+    return made, f"{name}/biased"
+
+
+def _llama_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
     """Where a Llama/Qwen2 layer's attention starts and ends: its q/k/v projections (packed here into one MatMul,
     with their biases where they have them) and the o_proj MatMul that reads the attention's output."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     prefix = f"/model/layers.{layer}/self_attn/"
     parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
@@ -142,20 +159,38 @@ def _llama_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
         raise LookupError(f"layer {layer}: a bias on all of q, k and v or on none")
 
     def build(arrays: dict) -> tuple[list, str]:
-        name = f"{prefix}qkv_proj"
         loaded = [(numpy_helper.to_array(w), None if b is None else numpy_helper.to_array(b)) for _, w, b in parts]
-        arrays[f"{name}.weight"] = np.concatenate([w for w, _ in loaded], axis=1)
-        made = [helper.make_node("MatMul", [parts[0][0], f"{name}.weight"], [f"{name}/out"], name=f"{name}/MatMul")]
-        if loaded[0][1] is None:
-            return made, f"{name}/out"
-        arrays[f"{name}.bias"] = np.concatenate([b for _, b in loaded])
-        made.append(helper.make_node("Add", [f"{name}/out", f"{name}.bias"], [f"{name}/biased"], name=f"{name}/Add"))
-        return made, f"{name}/biased"
+        weight = np.concatenate([w for w, _ in loaded], axis=1)
+        bias = None if loaded[0][1] is None else np.concatenate([b for _, b in loaded])
+        return _packed_projection(prefix, parts[0][0], weight, bias, arrays)
 
     return {"prefix": prefix, "build": build, "readers": [o_proj], "replaces": o_proj.input[0]}
 
 
-def _gpt2_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
+def _neox_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
+    """Where a GPT-NeoX layer's attention starts and ends: query_key_value, whose output columns hold each head's
+    q, k and v side by side ([heads, 3, head size]), reordered into the op's [3, heads, head size]; and the dense
+    MatMul that reads the attention's output."""
+    from onnx import numpy_helper
+
+    prefix = f"/gpt_neox/layers.{layer}/attention/"
+    x, weight, bias = _projection(nodes, weights, prefix, "query_key_value")
+    dense = nodes.get(f"{prefix}dense/MatMul")
+    if dense is None:
+        raise LookupError(f"{prefix}dense/MatMul")
+
+    def by_kind(array: np.ndarray) -> np.ndarray:  # [..., heads * 3 * d] -> [..., 3 * heads * d]
+        lead = array.shape[:-1]
+        return array.reshape(*lead, heads, 3, -1).swapaxes(-3, -2).reshape(*lead, -1)
+
+    def build(arrays: dict) -> tuple[list, str]:
+        packed_bias = None if bias is None else by_kind(numpy_helper.to_array(bias))
+        return _packed_projection(prefix, x, by_kind(numpy_helper.to_array(weight)), packed_bias, arrays)
+
+    return {"prefix": prefix, "build": build, "readers": [dense], "replaces": dense.input[0]}
+
+
+def _gpt2_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
     """Where a GPT-2 layer's attention starts and ends: c_attn's output, already Q, K and V packed [b, s, 3h] in the
     order the op takes, and the merged heads c_proj reads."""
     prefix = f"/transformer/h.{layer}/attn/"
@@ -167,7 +202,7 @@ def _gpt2_layer(g, nodes: dict, weights: dict, layer: int) -> dict:
             "replaces": merged.output[0]}  # fmt: skip
 
 
-LAYOUTS = {"llama": _llama_layer, "qwen2": _llama_layer, "gpt2": _gpt2_layer}
+LAYOUTS = {"llama": _llama_layer, "qwen2": _llama_layer, "gpt2": _gpt2_layer, "gpt_neox": _neox_layer}
 
 
 def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
@@ -183,7 +218,7 @@ def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_head
     weights = {i.name: i for i in g.initializer}
     # The exporter shares equal initializers (zero biases of a random model) through Identity nodes.
     weights |= {n.output[0]: weights[n.input[0]] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
-    plans = [LAYOUTS[model_type](g, nodes, weights, layer) for layer in range(layers)]
+    plans = [LAYOUTS[model_type](g, nodes, weights, layer, heads) for layer in range(layers)]
     arrays = {"gqa/cos": rotary[0], "gqa/sin": rotary[1]} if rotary is not None else {}
     caches = ["gqa/cos", "gqa/sin"] if rotary is not None else ["", ""]
     for layer, plan in enumerate(plans):

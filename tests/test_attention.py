@@ -11,10 +11,10 @@ from pipeline.stages.export import onnx_from_checkpoint
 from .tiny import make_decoder
 
 
-def _export(tmp_path, model_type: str) -> tuple[dict, onnx.ModelProto]:
+def _export(tmp_path, model_type: str, **config) -> tuple[dict, onnx.ModelProto]:
     import json
 
-    folder = make_decoder(tmp_path / model_type, model_type)
+    folder = make_decoder(tmp_path / model_type, model_type, **config)
     config = json.loads((folder / "config.json").read_text())
     checkpoint = Checkpoint(path=str(folder), digest="test", task="text-generation", model_type=model_type,
                             config=config, pooling=None, max_length=256)  # fmt: skip
@@ -55,8 +55,25 @@ def test_gpt2_attention_becomes_group_query_attention_with_as_many_kv_heads_as_h
     assert metrics["attention"]["nodes_after"] < metrics["attention"]["nodes_before"] * 0.6
 
 
-def test_gpt_neox_keeps_its_attention_and_the_report_says_why(tmp_path):
-    metrics, graph = _export(tmp_path, "gpt_neox")
-    assert metrics["attention"]["op"] is None and "gpt_neox" in metrics["attention"]["why"]
+def test_gpt_neox_attention_becomes_group_query_attention_with_its_partial_rotary_inside(tmp_path):
+    # Head size 32, rotary_pct 0.5: 16 of each head's dimensions rotate, as Pythia's 16 of 64.
+    metrics, graph = _export(tmp_path, "gpt_neox", hidden_size=128)
+    ops = Counter(n.op_type for n in graph.graph.node)
+    assert metrics["attention"]["op"] == "GroupQueryAttention" and metrics["spec"]["cache"] == "shared"
+    assert metrics["attention"]["nodes_after"] < metrics["attention"]["nodes_before"] / 4
+    assert ops["GroupQueryAttention"] == 2 and ops["Softmax"] == ops["Neg"] == 0
+    # Per layer query_key_value (its columns reordered), dense and the MLP's two, plus the LM head.
+    assert ops["MatMul"] == 2 * (2 + 2) + 1
+    gqa = next(n for n in graph.graph.node if n.op_type == "GroupQueryAttention")
+    assert {a.name: a.i for a in gqa.attribute} == {"num_heads": 4, "kv_num_heads": 4, "do_rotary": 1}
+    assert gqa.input[0].endswith("qkv_proj/biased")
+    cos = next(i for i in graph.graph.initializer if i.name == gqa.input[7])
+    assert list(cos.dims) == [256, 8]  # max length, half the 16 rotary dimensions
+    assert metrics["probe_max_abs_diff"] < 1e-4
+
+
+def test_gpt_neox_whose_rotary_width_the_kernel_refuses_keeps_its_attention_and_says_why(tmp_path):
+    metrics, graph = _export(tmp_path, "gpt_neox")  # head size 16, 8 rotary dimensions
+    assert metrics["attention"]["op"] is None and "8 rotary dimensions" in metrics["attention"]["why"]
     assert metrics["spec"]["cache"] == "concat"
     assert not any(n.domain == "com.microsoft" for n in graph.graph.node)

@@ -100,18 +100,19 @@ def decoder_tokenizer(special_tokens: list[str]):
     return tokenizer
 
 
-def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0) -> Path:
-    """Save a tiny random causal LM of `model_type` (a DECODERS row) with its tokenizer into `folder`."""
+def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config) -> Path:
+    """Save a tiny random causal LM of `model_type` (a DECODERS row, its config settings updated with `config`)
+    with its tokenizer into `folder`."""
     import torch
     import transformers
 
     config_class, tokenizer_class, specials, settings = DECODERS[model_type]
     small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
              "max_position_embeddings": 256}  # fmt: skip
-    config = getattr(transformers, config_class)(**({} if model_type == "gpt2" else small), **settings)
-    config.vocab_size = DECODER_VOCAB
+    made = getattr(transformers, config_class)(**({} if model_type == "gpt2" else small) | settings | config)
+    made.vocab_size = DECODER_VOCAB
     torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(folder)
+    transformers.AutoModelForCausalLM.from_config(made).eval().save_pretrained(folder)
     tokenizer = getattr(transformers, tokenizer_class)(
         tokenizer_object=decoder_tokenizer(_SPECIALS[model_type]), **specials
     )

@@ -31,7 +31,7 @@ from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 OPSET = 17
-VERSION = 4
+VERSION = 5  # 5: GPT-NeoX attention rewritten into GroupQueryAttention
 
 
 @dataclasses.dataclass(frozen=True)

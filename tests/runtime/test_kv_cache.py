@@ -12,15 +12,24 @@ from ..conftest import SMALL_TEXTS
 from ..tiny import make_decoder
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory, texts_file):
+def _fp32_build(root, model_type: str, texts_file, **config):
     from pipeline.build import build
 
-    root = tmp_path_factory.mktemp("llama-fp32")
-    folder = make_decoder(root / "tiny-llama", "llama")
+    folder = make_decoder(root / f"tiny-{model_type}", model_type, **config)
     manifest = build(folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
                      artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
     return folder, load(manifest.published["path"])
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, texts_file):
+    return _fp32_build(tmp_path_factory.mktemp("llama-fp32"), "llama", texts_file)
+
+
+@pytest.fixture(scope="module")
+def neox(tmp_path_factory, texts_file):
+    """A GPT-NeoX whose 16 rotary dimensions a head the GroupQueryAttention rewrite takes (head size 32)."""
+    return _fp32_build(tmp_path_factory.mktemp("neox-fp32"), "gpt_neox", texts_file, hidden_size=128)
 
 
 def _hf_greedy(folder, prompts: list[str], n: int) -> list[tuple[int, ...]]:
@@ -33,8 +42,10 @@ def _hf_greedy(folder, prompts: list[str], n: int) -> list[tuple[int, ...]]:
     return [tuple(row) for row in out[:, batch["input_ids"].shape[1] :].tolist()]
 
 
-def test_greedy_equals_transformers_at_batch_1_and_batched_with_left_padding(llama):
-    folder, model = llama
+@pytest.mark.parametrize("family", ["llama", "neox"])
+def test_greedy_equals_transformers_at_batch_1_and_batched_with_left_padding(family, request):
+    folder, model = request.getfixturevalue(family)
+    assert model.spec["cache"] == "shared"  # the GroupQueryAttention graph
     prompts = SMALL_TEXTS[:6]
     assert len({len(e.ids) for e in model.encode(prompts)}) > 1  # rows of several lengths: left padding
     batched = model.generate(prompts, max_new_tokens=24, eos=False, batch_size=len(prompts))
@@ -66,12 +77,7 @@ def test_shared_cache_is_written_in_place_without_a_copy_per_step(llama):
 
 
 def test_concat_cache_of_an_unfused_graph_gets_new_buffers_each_step(tmp_path, texts_file):
-    from pipeline.build import build
-
-    folder = make_decoder(tmp_path / "tiny-gpt-neox", "gpt_neox")
-    manifest = build(folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
-                     artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")  # fmt: skip
-    model = load(manifest.published["path"])
+    _, model = _fp32_build(tmp_path, "gpt_neox", texts_file)  # 8 rotary dimensions a head: not rewritten
     assert model.spec["cache"] == "concat"
     state = Decoding(model, [e.ids for e in model.encode(SMALL_TEXTS[:2])], 64)
     seen = _addresses(state, 4)
