@@ -37,7 +37,7 @@ def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(
     rows = metrics["candidates"]
     expected = load_target("cpu-avx2").family_candidates("decoder")
     assert [r["name"] for r in rows] == [c.name for c in expected]
-    blocks = [(None, None), (8, "symmetric"), (4, "symmetric"), (4, "minimum")]
+    blocks = [(None, None), (8, "zero_point"), (4, "symmetric"), (4, "minimum")]
     assert [(r["bits"], r["blocks"]) for r in rows] == blocks
     for row in rows:
         assert row["status"] in ("passed", "missed")
