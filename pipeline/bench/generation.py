@@ -131,8 +131,9 @@ def exact_prompts(tokenizer, texts: list[str], length: int, count: int) -> list[
     return prompts
 
 
-def _genai_model(folder: Path):
-    """(onnxruntime_genai, its model of `folder`, the model's pad token id)."""
+def _genai_model(folder: Path, threads: int | None = None):
+    """(onnxruntime_genai, its model of `folder` on `threads` intra-op threads (its config's own setting when
+    None), the model's pad token id)."""
     try:
         import onnxruntime_genai as og
     except ImportError:
@@ -141,7 +142,11 @@ def _genai_model(folder: Path):
     if not (folder / "genai_config.json").is_file():
         raise InputError(f"{folder} has no genai_config.json; pass a folder onnxruntime-genai's builder wrote")
     pad = int(json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"])
-    return og, og.Model(str(folder)), pad
+    config = og.Config(str(folder))
+    if threads:
+        # Left to its builder's config, genai 0.18 ran SmolLM2 on one core of two here (CPU time 1.05x wall time).
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    return og, og.Model(config), pad
 
 
 def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
@@ -167,11 +172,12 @@ def variant_accuracy(model, teacher: dict, peers: dict) -> dict:
     return stats
 
 
-def genai_runner(folder: Path, tokenizer):
+def genai_runner(folder: Path, tokenizer, threads: int | None = None):
     """generate(batch, n): onnxruntime-genai's greedy generation of exactly n tokens per prompt, from a model folder
-    its builder wrote (genai_config.json). Token ids come from the artifact's tokenizer, right-padded as genai
-    pads: genai 0.18's own tokenizer encodes SmolLM2's tokenizer.json into -1 ids."""
-    og, model, pad = _genai_model(folder)
+    its builder wrote (genai_config.json), on `threads` intra-op threads. Token ids come from the artifact's
+    tokenizer, right-padded as genai pads: genai 0.18's own tokenizer encodes SmolLM2's tokenizer.json into -1
+    ids."""
+    og, model, pad = _genai_model(folder, threads)
 
     def run(batch: list[str], n: int):
         rows = [e.ids for e in tokenizer.encode_batch(batch)]
@@ -216,10 +222,14 @@ def bench_generation(
     manifest = verify_artifact(artifact)
     real = artifact.resolve()
     threads = os.cpu_count() or 1
-    session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
+    # The artifact runs as it loads: its threads spin between steps, as published. Variants alternate a whole
+    # generate at a time, so a pool's spin after its last step overlaps one step of the next variant: genai int8
+    # measured 98 tokens/s after a spinning artifact and 99 after a sleeping one (SmolLM2, 2-core AVX-512 host),
+    # while the artifact itself makes 125 tokens/s spinning and 106 sleeping (64 tokens and the prompt).
+    session = {**manifest["session"], "intra_op_threads": threads}
     model = open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}
-    runners.update({name: genai_runner(folder, model.tokenizer) for name, folder in (peers or {}).items()})
+    runners.update({name: genai_runner(folder, model.tokenizer, threads) for name, folder in (peers or {}).items()})
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     room = int(manifest["model"]["max_length"])
     accuracy = None
