@@ -39,19 +39,20 @@ bench: build
 
 # onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
-# there, but a stray token.py would be). int8 and int4: blocks of 32, accuracy level 4, as the decoder issue measured.
+# there, but a stray token.py would be). $(call GENAI_BUILD,precision[,options]) writes $(GENAI_DIR)-precision.
+GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
+	-o "$(abspath $(GENAI_DIR))-$(1)" -p $(1) -e cpu -c "$(abspath .cache/genai/hf)" $(2)
+# int8 and int4: blocks of 32, accuracy level 4, as the decoder issue measured (the builder's int4_* options set
+# the int8 blocks too: its int8 model has block_size 32 and accuracy_level 4).
+GENAI_BLOCKS = --extra_options int4_accuracy_level=4 int4_block_size=32
+
 genai-models:
 	@test -n "$(MODEL)" || (echo "make genai-models needs MODEL=<checkpoint folder>, e.g. MODEL=.cache/smollm2"; exit 2)
 	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
 	$(GENAI_VENV)/bin/python -m pip install -q torch==2.13.0 onnxruntime-genai==0.18.0 transformers==5.25.0 onnx onnx-ir
-	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
-		-o "$(abspath $(GENAI_DIR))-fp32" -p fp32 -e cpu -c "$(abspath .cache/genai/hf)"
-	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
-		-o "$(abspath $(GENAI_DIR))-int4" -p int4 -e cpu -c "$(abspath .cache/genai/hf)" \
-		--extra_options int4_accuracy_level=4 int4_block_size=32
-	cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
-		-o "$(abspath $(GENAI_DIR))-int8" -p int8 -e cpu -c "$(abspath .cache/genai/hf)" \
-		--extra_options int4_accuracy_level=4 int4_block_size=32
+	$(call GENAI_BUILD,fp32)
+	$(call GENAI_BUILD,int4,$(GENAI_BLOCKS))
+	$(call GENAI_BUILD,int8,$(GENAI_BLOCKS))
 
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
