@@ -6,6 +6,7 @@ Build-side only: imports torch and transformers, lazily.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -200,8 +201,24 @@ def encoder_runner(checkpoint: Checkpoint, input_names: list[str], threads: int,
     return run
 
 
+class _FirstToken:
+    """A generate() streamer that notes when the first new tokens arrive (its first put() is the prompt)."""
+
+    def __init__(self):
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 def generate_runner(model, tokenizer):
-    """generate(batch, n): transformers' greedy generate of exactly n tokens per prompt, left-padded."""
+    """run(batch, n) -> the perf_counter time its first tokens were chosen: transformers' greedy generate of exactly
+    n tokens per prompt, left-padded."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -209,11 +226,12 @@ def generate_runner(model, tokenizer):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = pad
 
-    def run(batch: list[str], n: int):
+    def run(batch: list[str], n: int) -> float:
         enc = tokenizer(batch, return_tensors="pt", padding=True)
+        streamer = _FirstToken()
         with torch.inference_mode():
-            return model.generate(
-                **enc, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad, use_cache=True
-            )
+            model.generate(**enc, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad,
+                           use_cache=True, streamer=streamer)  # fmt: skip
+        return streamer.first
 
     return run

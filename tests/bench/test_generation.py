@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 
@@ -56,16 +57,23 @@ def test_a_genai_peer_without_its_package_or_config_is_an_input_error_naming_the
         genai_runner(tmp_path, model.tokenizer)
 
 
-def test_generation_speed_runs_every_runner_the_same_number_of_tokens(tmp_path):
+def test_generation_speed_takes_ttft_and_decode_rate_from_the_same_run_of_every_runner(tmp_path):
     calls = []
 
-    def runner(name):
+    def runner(name, prefill, step):
         def run(batch, n):
             calls.append((name, len(batch), n))
+            time.sleep(prefill)
+            first = time.perf_counter()
+            time.sleep(step * (n - 1))
+            return first
 
         return run
 
-    speed = generation_speed({"a": runner("a"), "b": runner("b")}, ["p", "q"], (1, 4), new_tokens=5, reps=2)
-    assert speed["batches"]["batch_4"]["a"]["decode_tokens_per_s"] > 0
-    assert sorted(set(calls)) == [(n, b, t) for n in "ab" for b in (1, 4) for t in (1, 2, 5)]
+    runners = {"a": runner("a", 0.02, 0.001), "b": runner("b", 0.001, 0.004)}
+    speed = generation_speed(runners, ["p", "q"], (1, 4), new_tokens=5, reps=2)
+    assert sorted(set(calls)) == [(n, b, t) for n in "ab" for b in (1, 4) for t in (2, 5)]
     assert calls.count(("a", 4, 5)) == calls.count(("b", 4, 5)) == 2
+    a, b = speed["batches"]["batch_4"]["a"], speed["batches"]["batch_4"]["b"]
+    assert a["ttft_ms"] > 15 > 5 > b["ttft_ms"]  # a is slow to its first token and fast after it, b the reverse
+    assert a["decode_tokens_per_s"] > 2 * b["decode_tokens_per_s"] and b["decode_tokens_per_s"] < 4 * 4 / 0.016
