@@ -252,7 +252,7 @@ class Generator:
             if not any(live):
                 return
             # Rows that have ended keep a place in the batch, fed padding, as transformers does.
-            logits = state.step(np.where(live, chosen, self.pad_id))
+            logits = state.step(chosen if all(live) else np.where(live, chosen, self.pad_id))
 
     def generate(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> list:
         """Generate for each prompt; returns one Completion per prompt, in order. Takes the settings of `stream`."""

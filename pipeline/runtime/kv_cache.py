@@ -48,8 +48,16 @@ class Decoding:
         import onnxruntime as ort
 
         self.session = generator.session
-        self.ids, self.mask = left_padded(rows, generator.pad_id)
-        self.positions = position_ids(self.mask) if "position_ids" in generator.input_names else None
+        ids, mask = left_padded(rows, generator.pad_id)
+        self.positions = position_ids(mask) if "position_ids" in generator.input_names else None
+        # Every step's mask is a prefix of this one (the prompts' mask, then ones), and each step's new ids are
+        # written into one buffer bound once: right after a step, with the weights just streamed through the
+        # caches, each numpy call costs 15 to 40 us (SmolLM2), so a step makes as few as it can.
+        self.masks = np.ones((len(rows), max(capacity, mask.shape[1])), dtype=np.int64)
+        self.masks[:, : mask.shape[1]] = mask
+        self.length = mask.shape[1]
+        self.new_ids = np.zeros((len(rows), 1), dtype=np.int64)
+        self.new_ids_value = ort.OrtValue.ortvalue_from_numpy(self.new_ids)  # shares the array's memory (CPU)
         self.shared = generator.spec.get("cache") == "shared"
         self.binding = self.session.io_binding()
         self.logits_name = generator.output_names[0]
@@ -62,6 +70,8 @@ class Decoding:
         }
         for name, value in self.past.items():
             self.binding.bind_ortvalue_input(name, value)
+        self.prompt_ids, self.decoding = ids, False
+        self.binding.bind_cpu_input("input_ids", self.prompt_ids)
         self.capacity = capacity
         # A last-position graph's logits are [b, 1, V] at every step: with a shared cache, every output is bound
         # once, to buffers that live as long as the batch, and a step only binds the new ids and the mask.
@@ -92,13 +102,17 @@ class Decoding:
         """Run one step: the prompts when `chosen` is None, else one new token per row. Returns the last position's
         logits [b, V], which the next step may overwrite: copy them to keep them."""
         if chosen is not None:
-            if self.mask.shape[1] >= self.capacity:
+            if self.length >= self.capacity:
                 raise ValueError(f"the cache holds {self.capacity} tokens and is full")
-            self.ids = np.asarray(chosen, dtype=np.int64).reshape(-1, 1)
-            self.mask = np.concatenate([self.mask, np.ones((len(self.mask), 1), dtype=np.int64)], axis=1)
+            if not self.decoding:
+                self.binding.bind_ortvalue_input("input_ids", self.new_ids_value)
+                self.decoding = True
+            self.new_ids[:, 0] = chosen
+            self.length += 1
             if self.positions is not None:
                 self.positions = self.positions[:, -1:] + 1
-        self.binding.bind_cpu_input("input_ids", self.ids)
+        # Bound arrays share their memory with ONNX Runtime, so they are kept alive as attributes until the next step.
+        self.mask = np.ascontiguousarray(self.masks[:, : self.length])
         self.binding.bind_cpu_input("attention_mask", self.mask)
         if self.positions is not None:
             self.binding.bind_cpu_input("position_ids", self.positions)
