@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
-import typing
 from pathlib import Path
 
 from pipeline.errors import TargetError
+from pipeline.schema import dataclass_from_table
 
 TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 
@@ -328,84 +327,6 @@ _RANGES = {
 }
 
 
-def _check_range(value, bounds, where: str) -> None:
-    low, high = bounds
-    for item in value if isinstance(value, tuple) else (value,):
-        if item != item or (low is not None and item < low) or (high is not None and item > high):
-            span = f"from {low} to {high}" if high is not None else f"at least {low}"
-            raise TargetError(f"{where}: {item!r} is out of range; it must be {span}")
-
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value, tp, where: str):
-    """Check `value` against the field type `tp`; return it in the dataclass's form (lists become tuples)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)][0]
-        return _coerce(value, inner, where)
-    if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
-            raise TargetError(f"{where}: expected a list of {_type_name(args[0])}, got {value!r}")
-        return tuple(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TargetError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TargetError(f"{where}: expected an integer, got {value!r}")
-    if not isinstance(value, tp):
-        raise TargetError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _build(cls, table: dict, path: Path, prefix: tuple[str, ...]):
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        section = "[" + ".".join(prefix) + "]" if prefix else "the top level"
-        raise TargetError(
-            f"{path}: unknown key {'.'.join(prefix + (unknown[0],))!r} in {section}; known keys there: "
-            f"{', '.join(sorted(fields))}. Fix the spelling or remove it."
-        )
-    values = {}
-    for name, field in fields.items():
-        where = f"{path}: key {'.'.join(prefix + (name,))!r}"
-        if name not in table:
-            if field.default is dataclasses.MISSING:
-                raise TargetError(f"{where} is required and missing")
-            continue
-        tp = hints[name]
-        if typing.get_origin(tp) is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
-            if not isinstance(table[name], list) or not all(isinstance(t, dict) for t in table[name]):
-                raise TargetError(f"{where}: expected [[{name}]] tables, got {table[name]!r}")
-            values[name] = tuple(_build(typing.get_args(tp)[0], t, path, prefix + (name,)) for t in table[name])
-            names = [item.name for item in values[name]]
-            if len(set(names)) != len(names):
-                raise TargetError(f"{where}: two [[{name}]] share a name; each needs its own")
-            continue
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(table[name], dict):
-                raise TargetError(f"{where}: expected a [{name}] table, got {table[name]!r}")
-            values[name] = _build(tp, table[name], path, prefix + (name,))
-            continue
-        value = _coerce(table[name], tp, where)
-        # A candidate's [candidates.accuracy] thresholds have the ranges of the target's [accuracy].
-        bounds = _RANGES.get(prefix + (name,)) or _RANGES.get((prefix + (name,))[-2:])
-        if bounds:
-            _check_range(value, bounds, where)
-        choices = _CHOICES.get(prefix + (name,))
-        for item in value if isinstance(value, tuple) else (value,):
-            if choices and item not in choices:
-                raise TargetError(f"{where}: {item!r} is not one of {', '.join(choices)}")
-        values[name] = value
-    return cls(**values)
-
-
 def target_from_toml(path: Path) -> Target:
     """Parse one target file; every problem is a TargetError naming the file and key."""
     path = Path(path)
@@ -415,7 +336,7 @@ def target_from_toml(path: Path) -> Target:
         raise TargetError(f"target file {path} does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise TargetError(f"{path}: not valid TOML ({err}). Fix the syntax.") from None
-    target = _build(Target, table, path, ())
+    target = dataclass_from_table(Target, table, path, choices=_CHOICES, ranges=_RANGES)
     if target.name != path.stem:
         raise TargetError(f"{path}: name = {target.name!r} must match the file name {path.stem!r}")
     settings = [("quantize", target.quantize)] + [(f"candidates {c.name!r}", c) for c in target.candidates]
