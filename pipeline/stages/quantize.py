@@ -117,6 +117,16 @@ def development_split(texts: list) -> tuple[list, list]:
     return [t for i, t in enumerate(texts) if i % 4 != 3], [t for i, t in enumerate(texts) if i % 4 == 3]
 
 
+def _smoothed(fp32_path: Path, fp32, nodes: list, settings, calibration: list, batch: int, work: Path):
+    """(the graph to quantize, the names of the nodes smoothed): `fp32_path` with activation outliers moved into
+    the weights (SmoothQuant, `settings.smooth_alpha`; ranges from `calibration`), or itself at alpha 0."""
+    if settings.smooth_alpha <= 0:
+        return fp32_path, []
+    ranges = activation_absmax(fp32_path, nodes, fp32, calibration, batch)
+    source = work / "smoothed.onnx"
+    return source, smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
+
+
 def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list, fp32_path: Path, out: Path,
                        judge: list | None = None, strict: bool = True) -> dict:  # fmt: skip
     """Quantize `fp32_path` with `settings` into `out`/model.onnx (ranges and smoothing from `texts`), keeping the
@@ -140,11 +150,7 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
     work = out / "work"
     work.mkdir()
     nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)
-    source, smoothed = fp32_path, []
-    if settings.smooth_alpha > 0:
-        ranges = activation_absmax(fp32_path, nodes, fp32, calibration, batch)
-        source = work / "smoothed.onnx"
-        smoothed = smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
+    source, smoothed = _smoothed(fp32_path, fp32, nodes, settings, calibration, batch, work)
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
     candidates, sensitivity = [], None
     gate = with_headroom(target.accuracy, settings.fallback_headroom)
