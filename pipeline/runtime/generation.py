@@ -195,7 +195,8 @@ class Generator:
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
         repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
         end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
-        `batch_size`, left-padded.
+        `batch_size`, left-padded; with more prompts than that, the batches are formed shortest prompts first, so
+        that each pads as little as it can, and each event names its prompt by `index`.
         """
         return self._events(prompts, batch_size, seed, settings, "stream()")[1]
 
@@ -205,10 +206,12 @@ class Generator:
         sampling = self.settings(**settings)
         rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
         rng = np.random.default_rng(seed)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if len(rows) > batch_size else range(len(rows))
+        chunks = [order[start : start + batch_size] for start in range(0, len(rows), batch_size)]
         return rows, (
             event
-            for start in range(0, len(rows), batch_size)
-            for event in self._stream_batch(rows[start : start + batch_size], start, sampling, rng, texts)
+            for chunk in chunks
+            for event in self._stream_batch([rows[i] for i in chunk], chunk, sampling, rng, texts)
         )
 
     def teacher_forced_logits(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
@@ -224,9 +227,10 @@ class Generator:
         stacked = np.stack(steps, axis=1)
         return [stacked[row, : len(c)] for row, c in enumerate(continuations)]
 
-    def _stream_batch(self, rows: list[list[int]], offset: int, sampling: Sampling, rng, texts: bool):
-        """Events of one batch. Without `texts` (and without stop strings) no text is decoded per step: each
-        event's text is empty, and the caller decodes each row once at its end."""
+    def _stream_batch(self, rows: list[list[int]], indices, sampling: Sampling, rng, texts: bool):
+        """Events of one batch, each row's named by its prompt's index in `indices`. Without `texts` (and without
+        stop strings) no text is decoded per step: each event's text is empty, and the caller decodes each row
+        once at its end."""
         state = Decoding(self, rows, max(map(len, rows)) + sampling.max_new_tokens)
         incremental = texts or bool(sampling.stop)
         detokenizers = [Detokenizer(self.tokenizer, r, sampling.stop) for r in rows] if incremental else None
@@ -248,7 +252,7 @@ class Generator:
                 if reason in ("eos", "length") and incremental:
                     rest, stopped = detokenizers[row].flush()  # a held-back tail can complete a stop string
                     text, reason = text + rest, "stop" if stopped else reason
-                yield Token(offset + row, token, text, reason)
+                yield Token(indices[row], token, text, reason)
             if not any(live):
                 return
             # Rows that have ended keep a place in the batch, fed padding, as transformers does.

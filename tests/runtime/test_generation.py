@@ -115,7 +115,20 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, t
     together = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=len(SMALL_TEXTS))
     alone = [fp32.generate([p], max_new_tokens=16)[0] for p in SMALL_TEXTS]
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    by_length = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=3)  # batches of similar lengths
+    assert [c.token_ids for c in by_length] == [c.token_ids for c in alone]
     np.testing.assert_allclose(fp32.run(SMALL_TEXTS, batch_size=12), fp32.run(SMALL_TEXTS, batch_size=1), atol=1e-5)
+
+
+def test_more_prompts_than_a_batch_are_batched_shortest_first_and_events_name_their_prompt(model):
+    prompts = ["a much longer prompt than the others, by several words", "short", "a middling prompt", "hi there"]
+    lengths = [len(model.tokenizer.encode(p).ids) for p in prompts]
+    events = list(model.stream(prompts, max_new_tokens=3, batch_size=2, eos=False))
+    first_batch = {e.index for e in events[:6]}  # two rows, three steps
+    assert first_batch == set(sorted(range(4), key=lambda i: lengths[i])[:2])
+    assert sorted({e.index for e in events}) == [0, 1, 2, 3] and len(events) == 12
+    texts = [c.text for c in model.generate(prompts, max_new_tokens=3, batch_size=2, eos=False)]
+    assert texts == ["".join(e.text for e in events if e.index == i) for i in range(4)]
 
 
 def test_eos_ends_a_row_with_the_eos_token_kept(model):
