@@ -195,8 +195,9 @@ class Generator:
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
         repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
         end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
-        `batch_size`, left-padded; with more prompts than that, the batches are formed shortest prompts first, so
-        that each pads as little as it can, and each event names its prompt by `index`.
+        `batch_size`, left-padded; with more prompts than that (and batches of more than one), the batches are
+        formed shortest prompts first, so that each pads as little as it can, and each event names its prompt by
+        `index`.
         """
         return self._events(prompts, batch_size, seed, settings, "stream()")[1]
 
@@ -206,7 +207,9 @@ class Generator:
         sampling = self.settings(**settings)
         rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
         rng = np.random.default_rng(seed)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if len(rows) > batch_size else range(len(rows))
+        # Batches of one pad nothing, and then prompts keep their order (the CLI streams them one after another).
+        by_length = 1 < batch_size < len(rows)
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if by_length else range(len(rows))
         chunks = [order[start : start + batch_size] for start in range(0, len(rows), batch_size)]
         return rows, (
             event

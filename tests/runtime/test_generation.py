@@ -129,6 +129,8 @@ def test_more_prompts_than_a_batch_are_batched_shortest_first_and_events_name_th
     assert sorted({e.index for e in events}) == [0, 1, 2, 3] and len(events) == 12
     texts = [c.text for c in model.generate(prompts, max_new_tokens=3, batch_size=2, eos=False)]
     assert texts == ["".join(e.text for e in events if e.index == i) for i in range(4)]
+    one_at_a_time = list(model.stream(prompts, max_new_tokens=3, batch_size=1, eos=False))
+    assert [e.index for e in one_at_a_time] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # nothing to pad: kept in order
 
 
 def test_eos_ends_a_row_with_the_eos_token_kept(model):
