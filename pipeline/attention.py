@@ -82,34 +82,54 @@ def _projection(nodes: dict, weights: dict, prefix: str, name: str) -> tuple:
 
 
 def _mask_nodes(helper, tensor) -> list:
-    """Nodes that turn attention_mask [b, total] into seqlens_k, total_sequence_length and the additive bias."""
-    lowest = float(np.finfo(np.float32).min)
-    const = {
-        "gqa/one": np.array(1, np.int64), "gqa/zero_i": np.array([0], np.int64), "gqa/one_i": np.array([1], np.int64),
-        "gqa/two_i": np.array([2], np.int64), "gqa/lowest": np.array(lowest, np.float32),
-        "gqa/axes_12": np.array([1, 2], np.int64), "gqa/ones_f": np.array(1.0, np.float32),
-    }  # fmt: skip
+    """Nodes that turn a right-padded attention_mask [b, total] into each row's seqlens_k (its real tokens, less
+    one) and total_sequence_length: the op reads and writes each row's cache at that row's own length, and
+    rotates each token by its own position, so padding needs no bias and a row computes as it would alone."""
+    const = {"gqa/one": np.array(1, np.int64), "gqa/axes_1": np.array([1], np.int64)}
     nodes = [helper.make_node("Constant", [], [k], value=tensor.from_array(v, k)) for k, v in const.items()]
     make = helper.make_node
     nodes += [
+        make("ReduceSum", ["attention_mask", "gqa/axes_1"], ["gqa/lengths"], keepdims=0),
+        make("Sub", ["gqa/lengths", "gqa/one"], ["gqa/seqlens_i64"]),
+        make("Cast", ["gqa/seqlens_i64"], ["gqa/seqlens_k"], to=6),  # int32
         make("Shape", ["attention_mask"], ["gqa/mask_shape"]),
         make("Gather", ["gqa/mask_shape", "gqa/one"], ["gqa/total_i64"], axis=0),
-        make("Cast", ["gqa/total_i64"], ["gqa/total"], to=6),  # int32
-        make("Sub", ["gqa/total_i64", "gqa/one"], ["gqa/last_i64"]),
-        make("Slice", ["gqa/mask_shape", "gqa/zero_i", "gqa/one_i"], ["gqa/batch"]),
-        make("Expand", ["gqa/last_i64", "gqa/batch"], ["gqa/seqlens_i64"]),
-        make("Cast", ["gqa/seqlens_i64"], ["gqa/seqlens_k"], to=6),
-        make("Cast", ["attention_mask"], ["gqa/mask_f"], to=1),
-        make("Sub", ["gqa/ones_f", "gqa/mask_f"], ["gqa/padding"]),
-        make("Mul", ["gqa/padding", "gqa/lowest"], ["gqa/bias_2d"]),
-        make("Unsqueeze", ["gqa/bias_2d", "gqa/axes_12"], ["gqa/bias_4d"]),
-        make("Shape", ["input_ids"], ["gqa/ids_shape"]),
-        make("Slice", ["gqa/ids_shape", "gqa/one_i", "gqa/two_i"], ["gqa/new"]),
-        make("Unsqueeze", ["gqa/total_i64", "gqa/zero_i"], ["gqa/total_i64_1d"]),
-        make("Concat", ["gqa/batch", "gqa/one_i", "gqa/new", "gqa/total_i64_1d"], ["gqa/bias_shape"], axis=0),
-        make("Expand", ["gqa/bias_4d", "gqa/bias_shape"], ["gqa/bias"]),
+        make("Cast", ["gqa/total_i64"], ["gqa/total"], to=6),
     ]
     return nodes
+
+
+def _last_real_position(g, helper, tensor) -> None:
+    """Replace the export's last-position Slice (see `last_token_logits`) by a per-row gather: in a right-padded
+    batch each row's last real token is at its own place (seqlens_k - (total - new tokens) on the prompt, 0 on a
+    later one-token step)."""
+    sliced = next((n for n in g.node if n.name == "last_token_slice"), None)
+    if sliced is None:
+        return
+    const = {"gqa/zero": np.array(0, np.int64), "gqa/axes_12": np.array([1, 2], np.int64),
+             "gqa/one_1d": np.array([1], np.int64), "gqa/two_1d": np.array([2], np.int64),
+             "gqa/three_1d": np.array([3], np.int64), "gqa/zero_1d": np.array([0], np.int64)}  # fmt: skip
+    make = helper.make_node
+    hidden = sliced.input[0]
+    nodes = [make("Constant", [], [k], value=tensor.from_array(v, k)) for k, v in const.items()]
+    nodes += [
+        make("Shape", ["input_ids"], ["gqa/ids_shape"]),
+        make("Gather", ["gqa/ids_shape", "gqa/one"], ["gqa/new"], axis=0),
+        make("Sub", ["gqa/total_i64", "gqa/new"], ["gqa/past"]),
+        make("Sub", ["gqa/seqlens_i64", "gqa/past"], ["gqa/last_raw"]),
+        make("Max", ["gqa/last_raw", "gqa/zero"], ["gqa/last"]),
+        make("Unsqueeze", ["gqa/last", "gqa/axes_12"], ["gqa/last_3d"]),
+        make("Shape", [hidden], ["gqa/hidden_shape"]),
+        make("Slice", ["gqa/hidden_shape", "gqa/zero_1d", "gqa/one_1d"], ["gqa/batch"]),
+        make("Slice", ["gqa/hidden_shape", "gqa/two_1d", "gqa/three_1d"], ["gqa/width"]),
+        make("Concat", ["gqa/batch", "gqa/one_1d", "gqa/width"], ["gqa/gather_shape"], axis=0),
+        make("Expand", ["gqa/last_3d", "gqa/gather_shape"], ["gqa/gather_index"]),
+        make("GatherElements", [hidden, "gqa/gather_index"], [sliced.output[0]], axis=1, name="last_token_gather"),
+    ]
+    at = list(g.node).index(sliced)
+    g.node.remove(sliced)
+    for offset, node in enumerate(nodes):
+        g.node.insert(at + offset, node)
 
 
 def _prune(graph) -> None:
@@ -230,7 +250,7 @@ def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_head
         out = f"{plan['prefix']}gqa/out"
         made.append(
             helper.make_node(
-                "GroupQueryAttention", [query, "", "", *past, "gqa/seqlens_k", "gqa/total", *caches, "", "gqa/bias"],
+                "GroupQueryAttention", [query, "", "", *past, "gqa/seqlens_k", "gqa/total", *caches],
                 [out, *present], name=f"{plan['prefix']}GroupQueryAttention", domain="com.microsoft",
                 num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary is not None),
             )
@@ -246,6 +266,7 @@ def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_head
     g.initializer.extend(numpy_helper.from_array(a, n) for n, a in arrays.items())
     for offset, node in enumerate(_mask_nodes(helper, numpy_helper)):
         g.node.insert(offset, node)
+    _last_real_position(g, helper, numpy_helper)
     if not any(o.domain == "com.microsoft" for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     _prune(g)

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
-from pipeline.runtime.kv_cache import Decoding, left_padded, position_ids
+from pipeline.runtime.kv_cache import Decoding, padded, position_ids
 from pipeline.runtime.sampling import CONTEXT_TOKENS, Detokenizer, Sampling, choose_tokens, is_int, setting_problems
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
 
@@ -72,6 +72,8 @@ class Generator:
         self.session = open_session(onnx_path, session, providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.past_names = list(spec["past"])
+        # GroupQueryAttention graphs give each row its own length: their batches are padded on the right.
+        self.right_padded = spec.get("padding") == "right"
         self.output_names = [o.name for o in self.session.get_outputs()]
         # With ONNX Runtime's CUDA provider the cache stays on the GPU between steps; only logits come back.
         self.device = "cuda" if "CUDAExecutionProvider" in self.session.get_providers() else "cpu"
@@ -114,7 +116,7 @@ class Generator:
         return self._row_feeds([list(e.ids) for e in encodings])
 
     def _row_feeds(self, rows: list[list[int]]) -> dict:
-        ids, mask = left_padded(rows, self.pad_id)
+        ids, mask = padded(rows, self.pad_id, right=self.right_padded)
         arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}
         return {**{n: arrays[n] for n in self.input_names if n in arrays}, **self._empty_past(len(ids))}
 
@@ -130,7 +132,9 @@ class Generator:
             chunk = order[start : start + batch_size]
             logits = self.session.run([self.output_names[0]], self._row_feeds([rows[i] for i in chunk]))[0]
             for row, index in enumerate(chunk):
-                results[index] = logits[row, -1]
+                # A graph that returns every position's logits has a right-padded row's last at its own length.
+                last = len(rows[index]) - 1 if self.right_padded and logits.shape[1] > 1 else -1
+                results[index] = logits[row, last]
         return np.stack(results)
 
     def settings(self, max_new_tokens=None, min_new_tokens=0, do_sample=None, temperature=None, top_k=None,

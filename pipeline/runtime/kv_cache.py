@@ -1,5 +1,8 @@
 """One batch's decoding state on an ONNX Runtime session: the KV cache, the attention mask and the IO binding.
 
+Batches are padded on the left, or on the right where the artifact says so ("padding": "right", GroupQueryAttention
+graphs: each row is read and written at its own length, so it computes as it would alone).
+
 Two cache layouts, per the artifact's spec:
 
 - "shared" (graphs with GroupQueryAttention): past and present are bound once to the same preallocated buffer
@@ -25,19 +28,25 @@ def position_ids(mask: np.ndarray) -> np.ndarray:
     return positions.astype(np.int64)
 
 
-def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
+def padded(rows: list[list[int]], pad_id: int, right: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows as one batch, padded with `pad_id` on the left (or the right), and its attention mask."""
     width = max(map(len, rows))
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)
     for row, tokens in enumerate(rows):
-        ids[row, width - len(tokens) :] = tokens
-        mask[row, width - len(tokens) :] = 1
+        place = slice(0, len(tokens)) if right else slice(width - len(tokens), width)
+        ids[row, place] = tokens
+        mask[row, place] = 1
     return ids, mask
 
 
+def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
+    return padded(rows, pad_id)
+
+
 class Decoding:
-    """Decoding of one left-padded batch of prompts for up to `capacity` tokens in all (prompt width included).
+    """Decoding of one padded batch of prompts for up to `capacity` tokens in all (prompt width included).
 
     state = Decoding(generator, rows, capacity)
     logits = state.step()            # the prompts: next-token logits [b, V]
@@ -48,14 +57,18 @@ class Decoding:
         import onnxruntime as ort
 
         self.session = generator.session
-        ids, mask = left_padded(rows, generator.pad_id)
+        self.right = generator.right_padded
+        ids, mask = padded(rows, generator.pad_id, right=self.right)
         self.positions = position_ids(mask) if "position_ids" in generator.input_names else None
-        # Every step's mask is a prefix of this one (the prompts' mask, then ones), and each step's new ids are
-        # written into one buffer bound once: right after a step, with the weights just streamed through the
-        # caches, each numpy call costs 15 to 40 us (SmolLM2), so a step makes as few as it can.
-        self.masks = np.ones((len(rows), max(capacity, mask.shape[1])), dtype=np.int64)
+        # Every step's mask is a prefix of this one, and each step's new ids are written into one buffer bound
+        # once: right after a step, with the weights just streamed through the caches, each numpy call costs 15
+        # to 40 us (SmolLM2), so a step makes as few as it can. Left-padded, a step's mask is the prompts' then
+        # ones; right-padded, each row's new token takes the place after its own last (`lengths`).
+        self.masks = np.full((len(rows), max(capacity, mask.shape[1])), 0 if self.right else 1, dtype=np.int64)
         self.masks[:, : mask.shape[1]] = mask
         self.length = mask.shape[1]
+        self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        self.row_index = np.arange(len(rows))
         self.new_ids = np.zeros((len(rows), 1), dtype=np.int64)
         self.new_ids_value = ort.OrtValue.ortvalue_from_numpy(self.new_ids)  # shares the array's memory (CPU)
         self.shared = generator.spec.get("cache") == "shared"
@@ -109,7 +122,12 @@ class Decoding:
                 self.decoding = True
             self.new_ids[:, 0] = chosen
             self.length += 1
-            if self.positions is not None:
+            if self.right:
+                self.masks[self.row_index, self.lengths] = 1
+                self.lengths += 1
+                if self.positions is not None:
+                    self.positions = (self.lengths - 1)[:, None]
+            elif self.positions is not None:
                 self.positions = self.positions[:, -1:] + 1
         # Bound arrays share their memory with ONNX Runtime, so they are kept alive as attributes until the next step.
         self.mask = np.ascontiguousarray(self.masks[:, : self.length])
@@ -126,4 +144,7 @@ class Decoding:
             self.past = dict(zip(self.past, outputs[1:], strict=True))
             for name, value in self.past.items():
                 self.binding.bind_ortvalue_input(name, value)
-        return outputs[0].numpy()[:, -1]
+        logits = outputs[0].numpy()
+        if self.right and logits.shape[1] > 1:  # every position's logits: each row's last is at its own length
+            return logits[self.row_index, self.lengths - 1]
+        return logits[:, -1]

@@ -31,7 +31,7 @@ from pipeline.targets import Target
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 OPSET = 17
-VERSION = 5  # 5: GPT-NeoX attention rewritten into GroupQueryAttention
+VERSION = 6  # 6: GroupQueryAttention graphs take right-padded batches (each row its own length, no bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,22 +132,25 @@ def runtime_spec(checkpoint: Checkpoint, tokenizer, input_names: list[str]) -> d
     }
 
 
-def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
-    """Max |ONNX - PyTorch| of next-token logits on a left-padded batch: once on the prompts (empty cache), once
-    on one more token fed with the graph's own cache, against PyTorch run on the whole sequence."""
+def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool) -> float:
+    """Max |ONNX - PyTorch| of next-token logits on a padded batch (left-padded, or right-padded where the graph
+    gives each row its own length): once on the prompts (empty cache), once on one more token fed with the graph's
+    own cache, against PyTorch run on the whole left-padded sequence."""
     import numpy as np
     import torch
 
-    from pipeline.runtime.kv_cache import left_padded, position_ids
+    from pipeline.runtime.kv_cache import padded, position_ids
 
-    ids, mask = left_padded([tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS], 0)
+    rows = [tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS]
+    ids, mask = padded(rows, 0)
     shapes = {i.name: i.shape for i in session.get_inputs()}
     inputs = [i.name for i in session.get_inputs()]
 
     def onnx_step(new_ids, full_mask, past):
         feeds = {"input_ids": new_ids, "attention_mask": full_mask, **past}
         if "position_ids" in inputs:
-            feeds["position_ids"] = position_ids(full_mask)[:, -new_ids.shape[1] :]
+            last = (full_mask.sum(1, keepdims=True) - 1) if right else position_ids(full_mask)[:, -1:]
+            feeds["position_ids"] = position_ids(full_mask) if new_ids.shape[1] > 1 else last
         outs = session.run(None, feeds)
         return outs[0][:, -1], dict(zip(past_names, outs[1:], strict=True))
 
@@ -159,11 +162,14 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str]) -> float:
             return model(**kwargs, use_cache=False).logits[:, -1].numpy()
 
     empty = {n: np.zeros((len(ids), shapes[n][1], 0, shapes[n][3]), dtype=np.float32) for n in past_names}
-    first, past = onnx_step(ids, mask, empty)
+    onnx_ids, onnx_mask = padded(rows, 0, right=right)
+    first, past = onnx_step(onnx_ids, onnx_mask, empty)
     diffs = [np.abs(first - torch_logits(ids, mask)).max()]
     nxt = first.argmax(-1)[:, None].astype(np.int64)
     ids, mask = np.concatenate([ids, nxt], 1), np.concatenate([mask, np.ones_like(nxt)], 1)
-    second, _ = onnx_step(nxt, mask, past)
+    onnx_mask = np.concatenate([onnx_mask, np.zeros_like(nxt)], 1)
+    onnx_mask[np.arange(len(rows)), [len(r) for r in rows]] = 1  # right: each row's new token at its own end
+    second, _ = onnx_step(nxt, onnx_mask if right else mask, past)
     diffs.append(np.abs(second - torch_logits(ids, mask)).max())
     if not all(np.isfinite(d) for d in diffs):
         raise ExportError("the exported decoder outputs NaN or inf on a probe input")
@@ -228,7 +234,8 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
     present = [o.name for o in session.get_outputs()][1:]
     if not past or len(past) != len(present):
         raise ExportError(f"the exported graph of {checkpoint.path} has no KV cache inputs and outputs: {names}")
-    diff = _decoder_probe(session, model, tokenizer, past)
+    right = attention["cache"] == "shared"  # GroupQueryAttention: each row its own length, padded on the right
+    diff = _decoder_probe(session, model, tokenizer, past, right)
     if diff > 1e-3:
         raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
@@ -236,6 +243,7 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
     spec = runtime_spec(checkpoint, tokenizer, inputs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (generation["eos_token_ids"] or [0])[0]
     spec.update(pad_id=int(pad), past=past, present=present, cache=attention["cache"], **generation)
+    spec["padding"] = "right" if right else "left"
     return {"spec": spec, "probe_max_abs_diff": diff, "last_token_logits": sliced, "attention": attention}
 
 

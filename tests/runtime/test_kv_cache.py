@@ -43,16 +43,31 @@ def _hf_greedy(folder, prompts: list[str], n: int) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("family", ["llama", "neox"])
-def test_greedy_equals_transformers_at_batch_1_and_batched_with_left_padding(family, request):
+def test_greedy_equals_transformers_at_batch_1_and_batched_with_padding(family, request):
     folder, model = request.getfixturevalue(family)
-    assert model.spec["cache"] == "shared"  # the GroupQueryAttention graph
+    assert model.spec["cache"] == "shared" and model.spec["padding"] == "right"  # the GroupQueryAttention graph
     prompts = SMALL_TEXTS[:6]
-    assert len({len(e.ids) for e in model.encode(prompts)}) > 1  # rows of several lengths: left padding
+    assert len({len(e.ids) for e in model.encode(prompts)}) > 1  # rows of several lengths: padding
     batched = model.generate(prompts, max_new_tokens=24, eos=False, batch_size=len(prompts))
     assert [c.token_ids for c in batched] == _hf_greedy(folder, prompts, 24)
     for prompt, completion in zip(prompts, batched, strict=True):
         [alone] = model.generate([prompt], max_new_tokens=24, eos=False)
         assert alone.token_ids == _hf_greedy(folder, [prompt], 24)[0] == completion.token_ids
+
+
+@pytest.mark.parametrize("family", ["llama", "neox"])
+def test_a_right_padded_row_computes_exactly_as_it_would_alone(family, request):
+    _, model = request.getfixturevalue(family)
+    short, long = "Hi", SMALL_TEXTS[3] + " " + SMALL_TEXTS[4]
+    assert len(model.encode([short])[0].ids) < len(model.encode([long])[0].ids)
+    padded = model.run([short, long], batch_size=2, bucketing=False)
+    assert np.array_equal(padded[0], model.run([short])[0]) and np.array_equal(padded[1], model.run([long])[0])
+    rows = [e.ids for e in model.encode([short, long])]
+    together, alone = Decoding(model, rows, len(rows[1]) + 6), Decoding(model, rows[:1], len(rows[0]) + 6)
+    both, one = together.step(), alone.step()
+    for _ in range(5):  # each row's new token at its own end of the shared cache, the short row's included
+        assert np.array_equal(both[0], one[0])
+        both, one = together.step(both.argmax(-1)), alone.step(one.argmax(-1))
 
 
 def _addresses(state: Decoding, steps: int) -> list[list[int]]:
