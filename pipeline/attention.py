@@ -11,13 +11,12 @@ Per layer, optimum's export computes
 
 which becomes
 
-    x -> MatMul(W_qkv) [-> Add(b_qkv)] -> GroupQueryAttention(past, seqlens_k, total, cos, sin, bias) -> o_proj
+    x -> MatMul(W_qkv) [-> Add(b_qkv)] -> GroupQueryAttention(past, seqlens_k, total, cos, sin) -> o_proj
 
-The attention mask turns into an additive bias [b, 1, s, total] (padding columns get the lowest float), and
-`seqlens_k` is total - 1 for every row: a left-padded row keeps its padding in the cache, masked, as transformers
-does. Rotary positions are then the slot index, which shifts a padded row's positions by its padding; RoPE scores
-depend only on the distance between positions, so attention is unchanged. The graph's `position_ids` input is
-dropped.
+The graph takes right-padded batches, as onnxruntime-genai's do: `seqlens_k` is each row's own length less one
+(the mask's row sum), so the op writes and reads each row's cache at that row's own end, masks what lies beyond,
+and rotates each token at its true position; a padded row computes exactly as it would alone. The export's
+last-position Slice becomes a per-row gather. The graph's `position_ids` input is dropped.
 
 The op reads past_key/past_value in BNSH and, when the caller binds present to the same buffer as past (sized to
 the longest sequence), appends the new tokens in place: no per-step copy of the cache.

@@ -8,7 +8,7 @@ Like `pipeline.runtime`, it imports only the standard library, numpy, onnxruntim
     for token in model.stream(["Once upon a time"], temperature=0.8, top_p=0.9, seed=0):
         print(token.text, end="", flush=True)
 
-One graph serves the prompt and every new token: the first step feeds the (left-padded) prompts with an empty
+One graph serves the prompt and every new token: the first step feeds the (padded) prompts with an empty
 cache, each later step feeds one token per row with the cache the step before returned.
 
     step 0:  input_ids [b, s]   past [b, h, 0, d]        -> logits [b, 1, V], present [b, h, s, d]
@@ -112,7 +112,7 @@ class Generator:
         return {n: np.zeros((batch, h, 0, d), dtype=np.float32) for n, (h, d) in self.past_shapes.items()}
 
     def feeds(self, encodings) -> dict:
-        """Prompt-step inputs for a list of encodings: left-padded ids, the mask, positions and an empty cache."""
+        """Prompt-step inputs for a list of encodings: padded ids, the mask, positions and an empty cache."""
         return self._row_feeds([list(e.ids) for e in encodings])
 
     def _row_feeds(self, rows: list[list[int]]) -> dict:
@@ -199,7 +199,7 @@ class Generator:
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
         repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
         end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
-        `batch_size`, left-padded; with more prompts than that (and batches of more than one), the batches are
+        `batch_size`, padded; with more prompts than that (and batches of more than one), the batches are
         formed shortest prompts first, so that each pads as little as it can, and each event names its prompt by
         `index`.
         """
@@ -222,7 +222,7 @@ class Generator:
         )
 
     def teacher_forced_logits(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
-        """Next-token logits along given continuations (token ids), one batch, left-padded: for each row an array
+        """Next-token logits along given continuations (token ids), one batch, padded: for each row an array
         [len(continuation), V] whose row i predicts continuation[i] after the prompt and continuation[:i]. What
         perplexity and teacher-forced agreement are measured on."""
         longest = max(len(c) for c in continuations)
