@@ -15,7 +15,7 @@ from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
 from pipeline.metrics import split_at_middle
 from pipeline.progress import progress
-from pipeline.runtime.kv_cache import left_padded
+from pipeline.runtime.kv_cache import padded
 from pipeline.tasks import ARCHITECTURES, TASKS
 
 
@@ -101,7 +101,7 @@ def generation_outputs(model, tokenizer, texts: list[str], new_tokens: int, max_
         logits = [model(input_ids=torch.tensor([row])).logits[0, -1].float().numpy() for row in rows]
         tokens = []
         for start in progress(range(0, len(rows), batch_size), "PyTorch: generating reference continuations"):
-            ids, mask = left_padded(rows[start : start + batch_size], pad)
+            ids, mask = padded(rows[start : start + batch_size], pad)
             ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
             out = model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, pad_token_id=pad

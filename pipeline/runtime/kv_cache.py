@@ -40,11 +40,6 @@ def padded(rows: list[list[int]], pad_id: int, right: bool = False) -> tuple[np.
     return ids, mask
 
 
-def left_padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token id rows as one batch, padded on the left with `pad_id`, and its attention mask."""
-    return padded(rows, pad_id)
-
-
 class Decoding:
     """Decoding of one padded batch of prompts for up to `capacity` tokens in all (prompt width included).
 

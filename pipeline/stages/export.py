@@ -167,9 +167,12 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
     diffs = [np.abs(first - torch_logits(ids, mask)).max()]
     nxt = first.argmax(-1)[:, None].astype(np.int64)
     ids, mask = np.concatenate([ids, nxt], 1), np.concatenate([mask, np.ones_like(nxt)], 1)
-    onnx_mask = np.concatenate([onnx_mask, np.zeros_like(nxt)], 1)
-    onnx_mask[np.arange(len(rows)), [len(r) for r in rows]] = 1  # right: each row's new token at its own end
-    second, _ = onnx_step(nxt, onnx_mask if right else mask, past)
+    if right:  # each row's new token at its own end
+        onnx_mask = np.concatenate([onnx_mask, np.zeros_like(nxt)], 1)
+        onnx_mask[np.arange(len(rows)), [len(r) for r in rows]] = 1
+    else:
+        onnx_mask = mask
+    second, _ = onnx_step(nxt, onnx_mask, past)
     diffs.append(np.abs(second - torch_logits(ids, mask)).max())
     if not all(np.isfinite(d) for d in diffs):
         raise ExportError("the exported decoder outputs NaN or inf on a probe input")
