@@ -189,11 +189,11 @@ class Candidate:
     """One recipe the engine search builds, scores on the development split and times on the build host:
     an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
     its fallback; "nncf": OpenVINO's post-training int8; "weight_only": MatMulNBits of `bits` bits made as
-    `blocks` says, with the [quantize] block size, accuracy level and head bits). A candidate whose CPU flags the
-    build host lacks is a row in the report, not built. `family` says which models it is for (encoders, or
-    decoders); its [candidates.accuracy] thresholds, where set, replace the target's for this candidate, in the
-    search and, once chosen, in validation (a quantized decoder is judged on perplexity and agreement, not on
-    exact greedy ties)."""
+    `blocks` says, in blocks of `block_size` or else the [quantize] block size, with the [quantize] accuracy level
+    and head bits). A candidate whose CPU flags the build host lacks is a row in the report, not built. `family`
+    says which models it is for (encoders, or decoders); its [candidates.accuracy] thresholds, where set, replace
+    the target's for this candidate, in the search and, once chosen, in validation (a quantized decoder is judged
+    on perplexity and agreement, not on exact greedy ties)."""
 
     name: str
     engine: str
@@ -203,6 +203,9 @@ class Candidate:
     family: str = "encoder"
     bits: int = 8
     blocks: str = "symmetric"
+    # weight_only: the block size, where it differs from [quantize] block_size. Larger blocks make fewer int32
+    # partial sums to scale, so the same weights multiply faster.
+    block_size: int | None = None
     # weight_only: where the candidate misses its gate, bisect over layers (as Polygraphy's debug precision does)
     # for the fewest "leading" or "trailing" layers kept at [quantize] head_bits with which it passes, one
     # teacher-forced pass a try ("none": no bisection).
@@ -262,6 +265,7 @@ _CHOICES = {
     ("candidates", "family"): FAMILIES,
     ("candidates", "bits"): (4, 8),
     ("candidates", "blocks"): WEIGHT_BLOCKS,
+    ("candidates", "block_size"): (16, 32, 64, 128, 256),
     ("candidates", "bisect_layers"): ("none", "leading", "trailing"),
     ("quantize", "blocks"): WEIGHT_BLOCKS,
     ("engine",): ENGINES,
@@ -346,7 +350,10 @@ def target_from_toml(path: Path) -> Target:
                 f'{path}: {where} asks for blocks = "minimum" with bits = {table.bits}; float minimums are a 4-bit '
                 'scheme: set bits = 4, or blocks = "symmetric" or "zero_point"'
             )
-    return target
+    sized = [
+        c if c.block_size else dataclasses.replace(c, block_size=target.quantize.block_size) for c in target.candidates
+    ]
+    return dataclasses.replace(target, candidates=tuple(sized))
 
 
 def available_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:

@@ -143,11 +143,14 @@ def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
         "openvino",
     ]
     decoders = target.family_candidates("decoder")
-    assert [(c.quantize, c.bits, c.blocks) for c in decoders] == [
-        ("none", 8, "symmetric"),
-        ("weight_only", 8, "zero_point"),
-        ("weight_only", 4, "symmetric"),
-        ("weight_only", 4, "minimum"),
+    # A candidate without its own block size has the [quantize] one.
+    assert target.quantize.block_size == 32
+    assert [(c.quantize, c.bits, c.blocks, c.block_size) for c in decoders] == [
+        ("none", 8, "symmetric", 32),
+        ("weight_only", 8, "zero_point", 32),
+        ("weight_only", 8, "zero_point", 128),
+        ("weight_only", 4, "symmetric", 32),
+        ("weight_only", 4, "minimum", 32),
     ]
     # A candidate's own thresholds replace the target's once it is chosen; the rest stay the target's.
     int4 = target.with_candidate("ort-int4-weights").accuracy
@@ -159,6 +162,9 @@ def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
     twice = [{"name": "a", "engine": "openvino", "precision": "fp32"}] * 2
     with pytest.raises(TargetError, match="two \\[\\[candidates\\]\\] share a name"):
         target_from_toml(write_target(tmp_path, "dup", candidates=twice))
+    odd = [{"name": "a", "engine": "onnxruntime", "precision": "int8", "quantize": "weight_only", "block_size": 100}]
+    with pytest.raises(TargetError, match="candidates.block_size'.*100 is not one of 16, 32, 64, 128, 256"):
+        target_from_toml(write_target(tmp_path, "odd", candidates=odd))
     wrong = [{"name": "a", "engine": "tvm", "precision": "fp32"}]
     with pytest.raises(TargetError, match="'tvm' is not one of onnxruntime, openvino"):
         target_from_toml(write_target(tmp_path, "bad", candidates=wrong))

@@ -20,6 +20,7 @@ def candidate_row(candidate: Candidate, status: str, **values) -> dict:
     return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
             "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
             "blocks": candidate.blocks if candidate.quantize == "weight_only" else None,
+            "block_size": candidate.block_size if candidate.quantize == "weight_only" else None,
             "bisect_layers": candidate.bisect_layers, "status": status,
             **values}  # fmt: skip
 

@@ -48,8 +48,9 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path,
         shutil.copyfile(fp32, work / "model.onnx")
     elif candidate.quantize == "weight_only":
         settings = dataclasses.replace(
-            target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks
-        )
+            target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks,
+            block_size=candidate.block_size or target.quantize.block_size,
+        )  # fmt: skip
         quantize_weight_only(fp32, work / "model.onnx", settings, wide=wide)
     else:
         raise ValueError(f"quantize = {candidate.quantize!r} is not a decoder recipe (none or weight_only)")

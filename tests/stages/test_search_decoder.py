@@ -8,7 +8,7 @@ import pytest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest
 from pipeline.runtime import load
-from pipeline.stages import checkpoint, export, optimize, search
+from pipeline.stages import checkpoint, export, optimize, search, search_decoder
 from pipeline.targets import load_target
 
 from ..conftest import write_target
@@ -37,8 +37,14 @@ def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(
     rows = metrics["candidates"]
     expected = load_target("cpu-avx2").family_candidates("decoder")
     assert [r["name"] for r in rows] == [c.name for c in expected]
-    blocks = [(None, None), (8, "zero_point"), (4, "symmetric"), (4, "minimum")]
-    assert [(r["bits"], r["blocks"]) for r in rows] == blocks
+    blocks = [
+        (None, None, None),
+        (8, "zero_point", 32),
+        (8, "zero_point", 128),
+        (4, "symmetric", 32),
+        (4, "minimum", 32),
+    ]
+    assert [(r["bits"], r["blocks"], r["block_size"]) for r in rows] == blocks
     for row in rows:
         assert row["status"] in ("passed", "missed")
         assert 0 <= row["teacher_top1_agreement"] <= 1 and row["perplexity_ratio"] > 0
@@ -47,6 +53,18 @@ def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(
     fp32 = rows[0]
     assert fp32["status"] == "passed" and fp32["teacher_top1_agreement"] == 1.0
     assert_chosen_is_the_fastest_that_passed_held_out(rows)
+
+
+def test_a_candidates_block_size_is_the_block_size_of_its_graph(searched, tmp_path):
+    import onnx
+
+    target = load_target("cpu-avx2")
+    int8 = [c for c in target.family_candidates("decoder") if c.quantize == "weight_only" and c.bits == 8]
+    assert [c.block_size for c in int8] == [32, 128]
+    for candidate in int8:
+        graph = onnx.load(str(search_decoder._build(searched, target, candidate, tmp_path / candidate.name))).graph
+        sizes = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+        assert sizes == {candidate.block_size}, candidate.name
 
 
 def test_validation_holds_the_chosen_candidate_to_its_own_thresholds(searched):
