@@ -3,8 +3,8 @@
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
-# make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 and int4 models of MODEL, which `make bench`
-#   then runs beside the artifact
+# make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
+#   of MODEL, which `make bench` then runs beside the artifact
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -32,27 +32,28 @@ ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr
 
 # onnxruntime-genai's models of MODEL, where `make genai-models` made them: the decoder benchmark's peers.
 GENAI_DIR = .cache/genai/$(notdir $(abspath $(or $(MODEL),.)))
-GENAI_PEERS = $(foreach p,fp32 int8 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
+GENAI_PEERS = $(foreach p,fp32 int8 int8-b128 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
 
 bench: build
 	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(GENAI_PEERS)
 
 # onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
-# there, but a stray token.py would be). $(call GENAI_BUILD,precision[,options]) writes $(GENAI_DIR)-precision.
+# there, but a stray token.py would be). $(call GENAI_BUILD,precision,folder suffix,block size) writes
+# $(GENAI_DIR)-suffix: MatMulNBits at accuracy level 4 (int8 multiplies), blocks of 32 as the decoder issue measured,
+# and int8 in blocks of 128 too, the artifact's int8 block size where its search chose 128.
 GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
-	-o "$(abspath $(GENAI_DIR))-$(1)" -p $(1) -e cpu -c "$(abspath .cache/genai/hf)" $(2)
-# int8 and int4: blocks of 32, accuracy level 4, as the decoder issue measured (the builder's int4_* options set
-# the int8 blocks too: its int8 model has block_size 32 and accuracy_level 4).
-GENAI_BLOCKS = --extra_options int4_accuracy_level=4 int4_block_size=32
+	-o "$(abspath $(GENAI_DIR))-$(2)" -p $(1) -e cpu -c "$(abspath .cache/genai/hf)" \
+	$(if $(3),--extra_options accuracy_level=4 block_size=$(3))
 
 genai-models:
 	@test -n "$(MODEL)" || (echo "make genai-models needs MODEL=<checkpoint folder>, e.g. MODEL=.cache/smollm2"; exit 2)
 	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
 	$(GENAI_VENV)/bin/python -m pip install -q torch==2.13.0 onnxruntime-genai==0.18.0 transformers==5.25.0 onnx onnx-ir
-	$(call GENAI_BUILD,fp32)
-	$(call GENAI_BUILD,int4,$(GENAI_BLOCKS))
-	$(call GENAI_BUILD,int8,$(GENAI_BLOCKS))
+	$(call GENAI_BUILD,fp32,fp32)
+	$(call GENAI_BUILD,int4,int4,32)
+	$(call GENAI_BUILD,int8,int8,32)
+	$(call GENAI_BUILD,int8,int8-b128,128)
 
 # Peak memory of static calibration as the example count grows (several minutes).
 bench-calibration: build
