@@ -55,15 +55,16 @@ class Decoding:
         self.right = generator.right_padded
         ids, mask = padded(rows, generator.pad_id, right=self.right)
         self.positions = position_ids(mask) if "position_ids" in generator.input_names else None
-        # Every step's mask is a prefix of this one, and each step's new ids are written into one buffer bound
-        # once: right after a step, with the weights just streamed through the caches, each numpy call costs 15
-        # to 40 us (SmolLM2), so a step makes as few as it can. Left-padded, a step's mask is the prompts' then
-        # ones; right-padded, each row's new token takes the place after its own last (`lengths`).
-        self.masks = np.full((len(rows), max(capacity, mask.shape[1])), 0 if self.right else 1, dtype=np.int64)
+        # Every step's mask is a prefix of this one, the prompts' mask then ones, and each step's new ids are
+        # written into one buffer bound once: right after a step, with the weights just streamed through the
+        # caches, each numpy call costs 15 to 40 us (SmolLM2), so a step writes no mask. Right-padded graphs read
+        # the mask only through each row's sum (its length) and its width (pipeline/attention.py), so there too
+        # the ones after the prompts count each row's new tokens; only the prompt step needs their places.
+        self.masks = np.ones((len(rows), max(capacity, mask.shape[1])), dtype=np.int64)
         self.masks[:, : mask.shape[1]] = mask
         self.length = mask.shape[1]
-        self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
-        self.row_index = np.arange(len(rows))
+        self.prompt_lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        self.added = 0  # tokens added to every row since the prompts
         self.new_ids = np.zeros((len(rows), 1), dtype=np.int64)
         self.new_ids_value = ort.OrtValue.ortvalue_from_numpy(self.new_ids)  # shares the array's memory (CPU)
         self.shared = generator.spec.get("cache") == "shared"
@@ -84,10 +85,11 @@ class Decoding:
         # A last-position graph's logits are [b, 1, V] at every step: with a shared cache, every output is bound
         # once, to buffers that live as long as the batch, and a step only binds the new ids and the mask.
         shape = generator.session.get_outputs()[0].shape
-        self.logits = None
+        self.logits = None  # [b, V]: a view of the bound [b, 1, V] buffer, made once
         if self.shared and shape[1] == 1 and isinstance(shape[2], int) and self.device == "cpu":
-            self.logits = np.empty((len(rows), 1, shape[2]), np.float32)
-            self.binding.bind_ortvalue_output(self.logits_name, ort.OrtValue.ortvalue_from_numpy(self.logits))
+            bound = np.empty((len(rows), 1, shape[2]), np.float32)
+            self.binding.bind_ortvalue_output(self.logits_name, ort.OrtValue.ortvalue_from_numpy(bound))
+            self.logits = bound[:, 0]
             for value, present in zip(self.past.values(), self.present_names, strict=True):
                 self.binding.bind_ortvalue_output(present, value)
 
@@ -101,6 +103,11 @@ class Decoding:
                 self.binding.bind_ortvalue_output(present, value)
             else:
                 self.binding.bind_output(present, self.device)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each row's tokens so far (right-padded: where its next token goes)."""
+        return self.prompt_lengths + self.added
 
     def buffers(self) -> list[int]:
         """Addresses of the cache buffers the next step reads (what a test checks for copies)."""
@@ -117,13 +124,9 @@ class Decoding:
                 self.decoding = True
             self.new_ids[:, 0] = chosen
             self.length += 1
-            if self.right:
-                self.masks[self.row_index, self.lengths] = 1
-                self.lengths += 1
-                if self.positions is not None:
-                    self.positions = (self.lengths - 1)[:, None]
-            elif self.positions is not None:
-                self.positions = self.positions[:, -1:] + 1
+            self.added += 1
+            if self.positions is not None:
+                self.positions = (self.lengths - 1)[:, None] if self.right else self.positions[:, -1:] + 1
         # Bound arrays share their memory with ONNX Runtime, so they are kept alive as attributes until the next step.
         self.mask = np.ascontiguousarray(self.masks[:, : self.length])
         self.binding.bind_cpu_input("attention_mask", self.mask)
@@ -131,7 +134,7 @@ class Decoding:
             self.binding.bind_cpu_input("position_ids", self.positions)
         if self.logits is not None:
             self.session.run_with_iobinding(self.binding)
-            return self.logits[:, -1]
+            return self.logits
         self._bind_outputs()
         self.session.run_with_iobinding(self.binding)
         outputs = self.binding.get_outputs()
@@ -141,5 +144,5 @@ class Decoding:
                 self.binding.bind_ortvalue_input(name, value)
         logits = outputs[0].numpy()
         if self.right and logits.shape[1] > 1:  # every position's logits: each row's last is at its own length
-            return logits[self.row_index, self.lengths - 1]
+            return logits[np.arange(len(logits)), self.lengths - 1]
         return logits[:, -1]
