@@ -203,8 +203,8 @@ class Candidate:
     family: str = "encoder"
     bits: int = 8
     blocks: str = "symmetric"
-    # weight_only: the block size, where it differs from [quantize] block_size. Larger blocks make fewer int32
-    # partial sums to scale, so the same weights multiply faster.
+    # weight_only: the block size; left out, the [quantize] block_size (filled in when the target is parsed).
+    # Larger blocks make fewer int32 partial sums to scale, so the same weights multiply faster.
     block_size: int | None = None
     # weight_only: where the candidate misses its gate, bisect over layers (as Polygraphy's debug precision does)
     # for the fewest "leading" or "trailing" layers kept at [quantize] head_bits with which it passes, one

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
-from pipeline.runtime.kv_cache import Decoding, padded, position_ids
+from pipeline.runtime.kv_cache import Decoding, last_logits, padded, position_ids
 from pipeline.runtime.sampling import CONTEXT_TOKENS, Detokenizer, Sampling, choose_tokens, is_int, setting_problems
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
 
@@ -131,10 +131,9 @@ class Generator:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             logits = self.session.run([self.output_names[0]], self._row_feeds([rows[i] for i in chunk]))[0]
+            logits = last_logits(logits, [len(rows[i]) for i in chunk], self.right_padded)
             for row, index in enumerate(chunk):
-                # A graph that returns every position's logits has a right-padded row's last at its own length.
-                last = len(rows[index]) - 1 if self.right_padded and logits.shape[1] > 1 else -1
-                results[index] = logits[row, last]
+                results[index] = logits[row]
         return np.stack(results)
 
     def settings(self, max_new_tokens=None, min_new_tokens=0, do_sample=None, temperature=None, top_k=None,

@@ -40,6 +40,14 @@ def padded(rows: list[list[int]], pad_id: int, right: bool = False) -> tuple[np.
     return ids, mask
 
 
+def last_logits(logits: np.ndarray, lengths, right: bool) -> np.ndarray:
+    """Each row's next-token logits [b, V] from a graph's logits [b, s, V]: the last position's, or, where a
+    right-padded graph returns every position's, those at each row's own length (`lengths`)."""
+    if right and logits.shape[1] > 1:
+        return logits[np.arange(len(logits)), np.asarray(lengths) - 1]
+    return logits[:, -1]
+
+
 class Decoding:
     """Decoding of one padded batch of prompts for up to `capacity` tokens in all (prompt width included).
 
@@ -142,7 +150,4 @@ class Decoding:
             self.past = dict(zip(self.past, outputs[1:], strict=True))
             for name, value in self.past.items():
                 self.binding.bind_ortvalue_input(name, value)
-        logits = outputs[0].numpy()
-        if self.right and logits.shape[1] > 1:  # every position's logits: each row's last is at its own length
-            return logits[np.arange(len(logits)), self.lengths - 1]
-        return logits[:, -1]
+        return last_logits(outputs[0].numpy(), self.lengths, self.right)

@@ -49,7 +49,7 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path,
     elif candidate.quantize == "weight_only":
         settings = dataclasses.replace(
             target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks,
-            block_size=candidate.block_size or target.quantize.block_size,
+            block_size=candidate.block_size,
         )  # fmt: skip
         quantize_weight_only(fp32, work / "model.onnx", settings, wide=wide)
     else:
