@@ -26,22 +26,22 @@ from __future__ import annotations
 
 import numpy as np
 
-FUSABLE = ("llama", "qwen2", "gpt2", "gpt_neox")
 # ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention over other widths (its cos cache
 # must be a multiple of 8 wide, half the rotated dimensions).
 ROTARY_MULTIPLE = 16
 
 
-def fusion_problem(model) -> str | None:
-    """Why the model's attention cannot become GroupQueryAttention, or None when it can."""
+def gpt2_problem(model) -> str | None:
+    """Why a GPT-2 checkpoint's attention cannot become GroupQueryAttention, or None when it can."""
     config = model.config
-    if config.model_type not in FUSABLE:
-        return f"{config.model_type} attention has no GroupQueryAttention rewrite (only {', '.join(FUSABLE)})"
-    if config.model_type == "gpt2":
-        if getattr(config, "scale_attn_by_inverse_layer_idx", False) or not getattr(config, "scale_attn_weights", 1):
-            return "GPT-2 attention scaled other than by 1/sqrt(head size) is not rewritten"
-        return None
-    if getattr(config, "use_sliding_window", False):
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False) or not getattr(config, "scale_attn_weights", 1):
+        return "GPT-2 attention scaled other than by 1/sqrt(head size) is not rewritten"
+    return None
+
+
+def rotary_problem(model) -> str | None:
+    """Why a rotary-embedding checkpoint's attention cannot take its rotary inside GroupQueryAttention, or None."""
+    if getattr(model.config, "use_sliding_window", False):
         return "sliding-window attention is not rewritten"
     rotary = getattr(model.base_model, "rotary_emb", None)
     if rotary is None:
@@ -221,11 +221,11 @@ def _gpt2_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
             "replaces": merged.output[0]}  # fmt: skip
 
 
-LAYOUTS = {"llama": _llama_layer, "qwen2": _llama_layer, "gpt2": _gpt2_layer, "gpt_neox": _neox_layer}
+LAYOUTS = {"llama": _llama_layer, "gpt2": _gpt2_layer, "neox": _neox_layer}
 
 
-def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
-    """Rewrite `graph` (an optimum export of `model_type`, ModelProto) in place; returns node counts before and
+def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
+    """Rewrite `graph` (an optimum export whose layers follow `layout`, a LAYOUTS key; ModelProto) in place; returns node counts before and
     after. `rotary` is the (cos, sin) cache for rotary embedding inside the op, or None (GPT-2's positions are
     learned, added before the first layer). Raises LookupError, changing nothing, when a layer's attention is
     not where the export puts it."""
@@ -237,7 +237,7 @@ def gqa_from_decomposed(graph, model_type: str, layers: int, heads: int, kv_head
     weights = {i.name: i for i in g.initializer}
     # The exporter shares equal initializers (zero biases of a random model) through Identity nodes.
     weights |= {n.output[0]: weights[n.input[0]] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
-    plans = [LAYOUTS[model_type](g, nodes, weights, layer, heads) for layer in range(layers)]
+    plans = [LAYOUTS[layout](g, nodes, weights, layer, heads) for layer in range(layers)]
     arrays = {"gqa/cos": rotary[0], "gqa/sin": rotary[1]} if rotary is not None else {}
     caches = ["gqa/cos", "gqa/sin"] if rotary is not None else ["", ""]
     for layer, plan in enumerate(plans):

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 from pipeline import faults
+from pipeline.architectures import architecture_of
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
-from pipeline.tasks import ARCHITECTURES
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
@@ -123,7 +123,7 @@ def build(
         count = len(manifest.stages)
         manifest = stage(manifest, spec)
         if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
-            _check_candidates(spec, ARCHITECTURES[manifest.checkpoint.model_type].family)
+            _check_candidates(spec, architecture_of(manifest.checkpoint).family)
         if stage_name == "search":  # the chosen candidate's thresholds hold from here on
             spec = search.chosen_target(manifest, spec)
         if on_stage and len(manifest.stages) > count:

@@ -6,22 +6,31 @@ Build-side only: imports torch and transformers, lazily.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 
+from pipeline.architectures.encoders import encoder_inputs
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
 from pipeline.metrics import split_at_middle
 from pipeline.progress import progress
 from pipeline.runtime.kv_cache import padded
-from pipeline.tasks import ARCHITECTURES, TASKS
+from pipeline.tasks import TASKS
 
 
 def checkpoint_from_source(source: dict) -> Checkpoint:
-    """The Checkpoint a published manifest's `source` field describes."""
-    return Checkpoint(config={}, **source)
+    """The Checkpoint a published manifest's `source` field describes (its config read again where the folder is
+    still there)."""
+    config_file = Path(source["path"]) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    return Checkpoint(config=config if isinstance(config, dict) else {}, **source)
 
 
 def load_torch_model(checkpoint: Checkpoint, dtype: str = "float32"):
@@ -32,7 +41,9 @@ def load_torch_model(checkpoint: Checkpoint, dtype: str = "float32"):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = auto.from_pretrained(checkpoint.path, attn_implementation="eager", dtype=dtype)
+            model = auto.from_pretrained(
+                checkpoint.path, attn_implementation="eager", dtype=dtype, trust_remote_code=False, local_files_only=True
+            )
     except Exception as err:  # safetensors, torch and transformers each raise their own types for bad files
         first = (str(err).splitlines() or [""])[0]
         raise InputError(
@@ -47,7 +58,9 @@ def load_hf_tokenizer(checkpoint: Checkpoint):
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint.path, use_fast=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            checkpoint.path, use_fast=True, trust_remote_code=False, local_files_only=True
+        )
     except (OSError, ValueError) as err:
         raise InputError(f"could not load the tokenizer in {checkpoint.path}: {str(err).splitlines()[0]}") from None
     if not tokenizer.is_fast:
@@ -141,9 +154,7 @@ def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
 
     tokenizer = load_hf_tokenizer(checkpoint)
     model = load_torch_model(checkpoint)
-    inputs = {"input_ids", "attention_mask"} | (
-        {"token_type_ids"} if ARCHITECTURES[checkpoint.model_type].token_type_ids else set()
-    )
+    inputs = set(encoder_inputs(tokenizer, model))
     outputs = []
     with torch.inference_mode():
         for text in progress(texts, "PyTorch: reference outputs"):
@@ -181,7 +192,10 @@ def sentence_transformer(checkpoint: Checkpoint, dtype: str = "float32"):
     import torch
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(checkpoint.path, device="cpu", model_kwargs={"dtype": getattr(torch, dtype)})
+    model = SentenceTransformer(
+        checkpoint.path, device="cpu", model_kwargs={"dtype": getattr(torch, dtype)}, trust_remote_code=False,
+        local_files_only=True,
+    )
     model.max_seq_length = checkpoint.max_length
     return model
 

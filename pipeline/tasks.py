@@ -1,8 +1,4 @@
-"""The explicit tables of what the pipeline supports: tasks, and model architectures.
-
-Per-model variation lives in these rows, not in subclasses. Adding an architecture is one row here plus a
-test in tests/test_tasks.py (a test fails if a row has none).
-"""
+"""The explicit table of the tasks the pipeline builds. Model families are records in pipeline/architectures/."""
 
 from __future__ import annotations
 
@@ -20,16 +16,6 @@ class Task:
     family: str  # the architecture family that can serve it: "encoder" | "decoder"
 
 
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    """A model family (config.json's model_type) and what the export and optimizer need to know of it."""
-
-    model_type: str
-    family: str  # "encoder" | "decoder" (causal LM, exported with a KV cache)
-    ort_model_type: str  # onnxruntime.transformers.optimizer model_type
-    token_type_ids: bool
-
-
 TASKS = {
     t.name: t
     for t in (
@@ -37,22 +23,6 @@ TASKS = {
         Task("sequence-classification", "AutoModelForSequenceClassification", "logits", "classification", "encoder"),
         Task("token-classification", "AutoModelForTokenClassification", "logits", "token-classification", "encoder"),
         Task("text-generation", "AutoModelForCausalLM", "logits", "generation", "decoder"),
-    )
-}
-
-ARCHITECTURES = {
-    a.model_type: a
-    for a in (
-        Architecture("bert", "encoder", "bert", True),
-        Architecture("roberta", "encoder", "bert", False),
-        Architecture("distilbert", "encoder", "bert", False),
-        Architecture("electra", "encoder", "bert", True),
-        # Decoders: ORT's GPT-2 optimizer fuses their norms (LayerNorm, RMSNorm as SimplifiedLayerNormalization,
-        # with the residual Add as Skip*) and Gelu; it finds no attention with a KV cache in these graphs.
-        Architecture("gpt2", "decoder", "gpt2", False),
-        Architecture("llama", "decoder", "gpt2", False),
-        Architecture("qwen2", "decoder", "gpt2", False),
-        Architecture("gpt_neox", "decoder", "gpt2", False),
     )
 }
 

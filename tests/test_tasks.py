@@ -5,7 +5,8 @@ import pytest
 
 from pipeline.build import build
 from pipeline.runtime import load
-from pipeline.tasks import ARCHITECTURES, TASKS
+from pipeline.architectures import ARCHITECTURES
+from pipeline.tasks import TASKS
 
 from .tiny import DECODERS, make_checkpoint, make_decoder
 

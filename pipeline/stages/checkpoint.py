@@ -1,4 +1,4 @@
-"""Stage 1: read a local Hugging Face checkpoint folder and decide what it is. Nothing is downloaded."""
+"""The checkpoint stage: read a local Hugging Face checkpoint folder and decide what it is. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import json
 import time
 from pathlib import Path
 
+from pipeline.architectures import architecture_for, remote_code_problem
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.runtime.artifact import sha256_file
 from pipeline.targets import Target
-from pipeline.tasks import ARCHITECTURES, DEFAULT_TASK, TASK_FROM_HEAD, TASKS
+from pipeline.tasks import DEFAULT_TASK, TASK_FROM_HEAD, TASKS
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -88,7 +89,7 @@ def _max_length(folder: Path, config: dict, target: Target) -> int:
     # GPT-2 style configs call it n_positions.
     positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
     # RoBERTa-style position ids start after the padding index.
-    limits.append(positions - 2 if config.get("model_type") in ("roberta", "xlm-roberta") else positions)
+    limits.append(positions - architecture_for(config, folder).position_offset)
     limits.append(target.shapes.max_sequence_length)
     return min(n for n in limits if n > 0)
 
@@ -103,11 +104,14 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     if not config_file.exists():
         raise InputError(f"{folder} has no config.json: not a Hugging Face checkpoint (save one with save_pretrained)")
     config = _json(config_file)
-    model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
+    remote = remote_code_problem(folder, config)
+    if remote:
         raise InputError(
-            f"{folder}: architecture {model_type!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"{folder}: {remote}; this pipeline never runs code from a checkpoint folder. Use a checkpoint of an "
+            "architecture transformers ships (without auto_map)"
         )
+    arch = architecture_for(config, folder)
+    model_type = arch.model_type
     if not any((folder / name).exists() for name in WEIGHT_FILES):
         raise InputError(f"{folder} has no weights (none of {', '.join(WEIGHT_FILES)}); copy them into the folder")
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
@@ -124,10 +128,10 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             ),
             None,
         )
-        task = head or DEFAULT_TASK[ARCHITECTURES[model_type].family]
+        task = head or DEFAULT_TASK[arch.family]
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
-    family = ARCHITECTURES[model_type].family
+    family = arch.family
     if TASKS[task].family != family:
         fitting = ", ".join(name for name, t in TASKS.items() if t.family == family)
         raise InputError(

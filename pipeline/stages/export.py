@@ -22,13 +22,15 @@ import shutil
 import warnings
 from pathlib import Path
 
+from pipeline.architectures import Architecture, architecture_of
+from pipeline.architectures.encoders import encoder_inputs
 from pipeline.cache import StageSpec, run_cached
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.quiet import silenced
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
 from pipeline.targets import Target
-from pipeline.tasks import ARCHITECTURES, TASKS
+from pipeline.tasks import TASKS
 
 OPSET = 17
 VERSION = 6  # 6: GroupQueryAttention graphs take right-padded batches (each row its own length, no bias)
@@ -104,7 +106,7 @@ def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
     try:
         config = GenerationConfig.from_pretrained(checkpoint.path).to_dict()
     except OSError:  # no generation_config.json: transformers falls back to the model config
-        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(checkpoint.path)).to_dict()
+        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False)).to_dict()
     changed = sorted(k for k, default in UNSUPPORTED_GENERATION.items() if config.get(k, default) != default)
     if changed:
         raise ExportError(
@@ -179,19 +181,19 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
     return float(max(diffs))
 
 
-def _fused_attention(graph, model, max_length: int) -> dict:
+def _fused_attention(graph, model, arch: Architecture, max_length: int) -> dict:
     """Rewrite the graph's attention into GroupQueryAttention where the architecture allows; what was done, or
     why not. `cache` tells the runtime whether present may share past's buffer ("shared") or grows ("concat")."""
-    from pipeline.attention import fusion_problem, gqa_from_decomposed, rotary_cache
+    from pipeline.attention import gqa_from_decomposed, rotary_cache
 
-    problem = fusion_problem(model)
+    problem = arch.why_not_fused(model)
     if problem is None:
         config = model.config
-        rotary = rotary_cache(model, max_length) if config.model_type != "gpt2" else None
+        rotary = rotary_cache(model, max_length) if arch.attention != "gpt2" else None
         heads = config.num_attention_heads
         try:
             counts = gqa_from_decomposed(
-                graph, config.model_type, config.num_hidden_layers, heads,
+                graph, arch.attention, config.num_hidden_layers, heads,
                 getattr(config, "num_key_value_heads", heads), rotary,
             )  # fmt: skip
             return {**counts, "cache": "shared"}
@@ -200,7 +202,7 @@ def _fused_attention(graph, model, max_length: int) -> dict:
     return {"op": None, "why": problem, "nodes": len(graph.graph.node), "cache": "concat"}
 
 
-def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
+def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> dict:
     import onnx
     import onnxruntime as ort
     from optimum.exporters.onnx import main_export
@@ -213,7 +215,7 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
         try:
             main_export(
                 checkpoint.path, scratch, task="text-generation-with-past", opset=OPSET, do_validation=False,
-                library_name="transformers", local_files_only=True,
+                library_name="transformers", local_files_only=True, trust_remote_code=False,
             )  # fmt: skip
         except Exception as err:  # optimum and torch raise many types; all mean the same to the user
             first = (str(err).splitlines() or [""])[0]
@@ -228,7 +230,7 @@ def _export_decoder(checkpoint: Checkpoint, out: Path) -> dict:
         )
     graph = onnx.load(str(scratch / "model.onnx"))
     sliced = last_token_logits(graph)
-    attention = _fused_attention(graph, model, checkpoint.max_length)
+    attention = _fused_attention(graph, model, arch, checkpoint.max_length)
     onnx.save(graph, str(out / "model.onnx"))
     shutil.rmtree(scratch)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -257,12 +259,12 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     import onnxruntime as ort
     import torch
 
-    arch = ARCHITECTURES[checkpoint.model_type]
+    arch = architecture_of(checkpoint)
     if arch.family == "decoder":
-        return _export_decoder(checkpoint, out)
+        return _export_decoder(checkpoint, arch, out)
     tokenizer = load_hf_tokenizer(checkpoint)
     model = load_torch_model(checkpoint)
-    input_names = ["input_ids", "attention_mask"] + (["token_type_ids"] if arch.token_type_ids else [])
+    input_names = encoder_inputs(tokenizer, model)
     probe = tokenizer(list(PROBE_TEXTS), padding=True, return_tensors="pt")
     args = tuple(probe[name] for name in input_names)
     wrapper = pooled_module(model, checkpoint, input_names)

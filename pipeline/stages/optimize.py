@@ -1,4 +1,4 @@
-"""Stage 3: optimized_onnx. Dead-node removal, constant folding and ONNX Runtime's transformer fusions.
+"""The optimize stage: optimized_onnx. Dead-node removal, constant folding and ONNX Runtime's transformer fusions.
 
     MatMul+Add+Softmax+...  ->  Attention        Add+LayerNorm  ->  SkipLayerNormalization
     Add(bias)+Gelu          ->  BiasGelu         Gather*3+LayerNorm -> EmbedLayerNormalization
@@ -12,19 +12,21 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
+from pipeline.architectures import architecture_of
 from pipeline.cache import StageSpec, run_cached
 from pipeline.errors import ExportError
 from pipeline.manifest import Manifest
 from pipeline.quiet import silenced
 from pipeline.targets import Target
-from pipeline.tasks import ARCHITECTURES
 
 VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizeConfig:
-    """The target's [optimize] settings and the ONNX Runtime optimizer model type of the architecture."""
+    """The target's [optimize] settings and the ONNX Runtime optimizer model type of the architecture ("" where
+    the optimizer does not know the family: then only the generic passes run, constant folding and dead-node
+    removal)."""
 
     fusions: bool
     level: int
@@ -48,7 +50,7 @@ def optimized_onnx(source: Path, config: OptimizeConfig, out: Path) -> dict:
 
     before = op_counts(source)
     target_file = out / "model.onnx"
-    if config.fusions:
+    if config.fusions and config.model_type:
         with silenced("onnxruntime.transformers"), silenced():
             optimized = optimize_model(
                 str(source),
@@ -75,13 +77,14 @@ def optimized_onnx(source: Path, config: OptimizeConfig, out: Path) -> dict:
         "op_counts_before": before,
         "op_counts_after": after,
         "fused": fused,
+        "passes": f"onnxruntime {config.model_type} fusions" if config.fusions and config.model_type else "generic",
     }
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Optimize the exported graph (cached by the export's key and the declared optimize settings)."""
     source = manifest.stage("export")
-    model_type = ARCHITECTURES[manifest.checkpoint.model_type].ort_model_type
+    model_type = architecture_of(manifest.checkpoint).ort_model_type or ""
     config = OptimizeConfig(fusions=target.optimize.fusions, level=target.optimize.level, model_type=model_type)
     record = run_cached(
         manifest.cache_dir, STAGE, config, {"export": source.key},

@@ -42,7 +42,7 @@ from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candid
 from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
-from pipeline.tasks import ARCHITECTURES, TASKS
+from pipeline.tasks import TASKS
 
 VERSION = 8
 SEQUENCE = 128
@@ -72,7 +72,7 @@ STAGE = StageSpec(
 
 def family(manifest: Manifest) -> str:
     """The checkpoint's architecture family: "encoder" or "decoder"."""
-    return ARCHITECTURES[manifest.checkpoint.model_type].family
+    return architecture_of(manifest.checkpoint).family
 
 
 def applies(manifest: Manifest, target: Target) -> bool:

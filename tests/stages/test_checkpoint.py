@@ -52,7 +52,7 @@ def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
     shutil.copytree(tiny_bert, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
-    with pytest.raises(InputError, match=r"architecture 't5' is not supported; supported: bert, distilbert, electra"):
+    with pytest.raises(InputError, match=r"architecture 't5' is not supported \(encoder-decoder models.*\); supported: albert, bert"):
         _run(folder)
 
 
@@ -100,3 +100,25 @@ def test_checkpoint_digest_changes_with_weights_not_readme(tmp_path, tiny_bert):
     with open(folder / "model.safetensors", "ab") as handle:
         handle.write(b"\0")
     assert checkpoint_digest(folder) != before
+
+
+@pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json"])
+def test_run_refuses_remote_code_without_running_it(tmp_path, tiny_bert, where):
+    folder = tmp_path / "remote"
+    shutil.copytree(tiny_bert, folder)
+    marker = tmp_path / "ran"
+    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    data = json.loads((folder / where).read_text()) if (folder / where).exists() else {}
+    (folder / where).write_text(json.dumps({**data, "auto_map": {"AutoTokenizer": ["custom.Tok", None]}}))
+    with pytest.raises(InputError, match=rf"{where} has `auto_map` \(AutoTokenizer\).*never runs code"):
+        _run(folder)
+    assert not marker.exists()
+
+
+def test_run_refuses_a_model_type_transformers_does_not_know(tmp_path, tiny_bert):
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "my_own_bert"}))
+    with pytest.raises(InputError, match=r"'my_own_bert' is not supported \(transformers has no such model type"):
+        _run(folder)

@@ -1,0 +1,141 @@
+"""One record per model family (config.json's `model_type`), with hooks for what differs between families.
+
+Stages never branch on `model_type`: they ask the record. `architecture_for(config)` resolves a checkpoint's
+config to its record, or refuses it in one line before any export:
+
+    known family      -> its record (encoders.py, decoders.py): fusions, attention layout, hooks
+    unknown family    -> a generic record where the exporter knows the model (decomposed attention, generic
+                         graph passes), else an InputError naming what is missing
+
+This is the pattern of optimum's per-architecture export configs and onnxruntime-genai's builder model classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from pipeline.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """A model family and what the export, the graph passes and the runtime need to know of it.
+
+    `ort_model_type` names ONNX Runtime's transformer optimizer for the family; None means the optimizer does not
+    know it, and only the generic passes (constant folding, dead-node removal) run. `attention` names the
+    GroupQueryAttention layout of a decoder's layers (see pipeline/attention.py); None keeps the decomposed graph.
+    `fusion_problem`, given the transformers model, says why this checkpoint's attention cannot be rewritten, or
+    None. `attention_options`, given the config, returns extra GroupQueryAttention attributes per layer (scale,
+    softcap, local_window_size). `position_offset` is the number of positions reserved before the first token
+    (RoBERTa's padding index + 1).
+    """
+
+    model_type: str
+    family: str  # "encoder" | "decoder"
+    ort_model_type: str | None = None
+    attention: str | None = None
+    fusion_problem: Callable | None = None
+    attention_options: Callable | None = None
+    position_offset: int = 0
+    generic: bool = False
+
+    def why_not_fused(self, model) -> str | None:
+        """Why the model's attention stays decomposed, or None when it becomes GroupQueryAttention."""
+        if self.attention is None:
+            return f"{self.model_type} attention has no GroupQueryAttention layout"
+        return self.fusion_problem(model) if self.fusion_problem else None
+
+    def layer_attention_options(self, config, layer: int) -> dict:
+        """Extra GroupQueryAttention attributes of one layer (none for most families)."""
+        return self.attention_options(config, layer) if self.attention_options else {}
+
+
+def _registry() -> dict[str, Architecture]:
+    from pipeline.architectures.decoders import DECODERS
+    from pipeline.architectures.encoders import ENCODERS
+
+    table: dict[str, Architecture] = {}
+    for record in ENCODERS + DECODERS:
+        if record.model_type in table:
+            raise ValueError(f"architecture {record.model_type} is registered twice")
+        table[record.model_type] = record
+    return table
+
+
+ARCHITECTURES: dict[str, Architecture] = _registry()
+
+# config.json `architectures` suffixes that make a checkpoint a decoder (causal LM) rather than an encoder.
+DECODER_HEADS = ("ForCausalLM", "LMHeadModel")
+
+
+def remote_code_problem(folder, config: dict) -> str | None:
+    """Why the checkpoint in `folder` would need its own Python code, or None. Such code is never run."""
+    import json
+    from pathlib import Path
+
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(folder) / name
+        data = config if name == "config.json" else None
+        if data is None and path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = None
+        if isinstance(data, dict) and data.get("auto_map"):
+            return f"{name} has `auto_map` ({', '.join(sorted(data['auto_map']))}), which names custom code"
+    return None
+
+
+def _exporter_supports(model_type: str, task: str) -> bool:
+    """Whether optimum-onnx's exporter knows `model_type` for `task` (an optimum task name)."""
+    try:
+        from optimum.exporters.tasks import TasksManager
+
+        supported = TasksManager.get_supported_tasks_for_model_type(model_type, "onnx", library_name="transformers")
+    except Exception:  # optimum raises KeyError or ValueError, by version, for an unknown model type
+        return False
+    return task in supported
+
+
+def _config_defaults(model_type: str):
+    """transformers' default config of `model_type`, or None where transformers does not know the type."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[model_type]()
+    except KeyError:
+        return None
+
+
+def architecture_for(config: dict, folder="") -> Architecture:
+    """The record of a checkpoint's config.json; a generic record for a family the exporter knows but this table
+    does not; else a one-line InputError naming what is missing."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(f"{folder}/config.json has no model_type; save the checkpoint with save_pretrained")
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    heads = config.get("architectures") or []
+    decoder = any(str(h).endswith(DECODER_HEADS) for h in heads)
+    defaults = _config_defaults(model_type)
+    if defaults is None:
+        problem = "transformers has no such model type: a custom architecture, whose code this pipeline never runs"
+    elif config.get("is_encoder_decoder", defaults.is_encoder_decoder):
+        problem = "encoder-decoder models (translation, summarization) are not built by this pipeline"
+    elif decoder and _exporter_supports(model_type, "text-generation-with-past"):
+        return Architecture(model_type, "decoder", generic=True)
+    elif not decoder and _exporter_supports(model_type, "feature-extraction"):
+        return Architecture(model_type, "encoder", generic=True)
+    else:
+        problem = "optimum-onnx's exporter does not know it"
+    known = ", ".join(sorted(ARCHITECTURES))
+    raise InputError(
+        f"{folder}: architecture {model_type!r} is not supported ({problem}); supported: {known}, and any other "
+        "family optimum-onnx exports for feature extraction or text generation"
+    )
+
+
+def architecture_of(checkpoint) -> Architecture:
+    """The record of a Checkpoint (its config, or, for one read back from a published manifest, its model type)."""
+    return architecture_for(checkpoint.config or {"model_type": checkpoint.model_type}, checkpoint.path)

@@ -1,0 +1,36 @@
+"""Encoder families: bidirectional models for embeddings and classification heads.
+
+What the graph takes (token_type_ids or not) is read from the tokenizer and the model, not from this table; a
+record says only which of ONNX Runtime's optimizers knows the family and where its positions start.
+"""
+
+from __future__ import annotations
+
+from pipeline.architectures import Architecture
+
+# ORT's BERT optimizer fuses attention, SkipLayerNormalization, Gelu and the embedding of these families' exports.
+ENCODERS = (
+    Architecture("bert", "encoder", ort_model_type="bert"),
+    Architecture("roberta", "encoder", ort_model_type="bert", position_offset=2),
+    Architecture("xlm-roberta", "encoder", ort_model_type="bert", position_offset=2),
+    Architecture("camembert", "encoder", ort_model_type="bert", position_offset=2),
+    Architecture("distilbert", "encoder", ort_model_type="bert"),
+    Architecture("electra", "encoder", ort_model_type="bert"),
+    Architecture("albert", "encoder", ort_model_type="bert"),
+    # Relative-position (MPNet), disentangled (DeBERTa-v2) and rotary local/global (ModernBERT) attention have no
+    # fused kernel in ONNX Runtime's optimizer: they get the generic passes.
+    Architecture("mpnet", "encoder", position_offset=2),
+    Architecture("deberta-v2", "encoder"),
+    Architecture("modernbert", "encoder"),
+)
+
+
+def encoder_inputs(tokenizer, model) -> list[str]:
+    """The inputs an encoder's graph takes: the tokenizer's, where the model's forward accepts them."""
+    import inspect
+
+    accepted = set(inspect.signature(model.forward).parameters)
+    names = ["input_ids", "attention_mask"] + [
+        n for n in tokenizer.model_input_names if n not in ("input_ids", "attention_mask")
+    ]
+    return [n for n in names if n in accepted]
