@@ -225,7 +225,8 @@ LAYOUTS = {"llama": _llama_layer, "gpt2": _gpt2_layer, "neox": _neox_layer}
 
 
 def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
-    """Rewrite `graph` (an optimum export whose layers follow `layout`, a LAYOUTS key; ModelProto) in place; returns node counts before and
+    """Rewrite `graph` (ModelProto, an optimum export whose layers follow `layout`, a LAYOUTS key) in place; returns
+    node counts before and
     after. `rotary` is the (cos, sin) cache for rotary embedding inside the op, or None (GPT-2's positions are
     learned, added before the first layer). Raises LookupError, changing nothing, when a layer's attention is
     not where the export puts it."""

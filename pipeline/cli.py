@@ -8,6 +8,7 @@ import sys
 import click
 
 from pipeline.errors import PipelineError, TargetError
+from pipeline.summary import candidate_table, verdict_table
 
 
 class _Commands(click.Group):
@@ -19,40 +20,6 @@ class _Commands(click.Group):
         except PipelineError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(err.exit_code)
-
-
-def verdict_table(rows: list[dict]) -> str:
-    """Each checked metric with its threshold and PASS or FAIL, one line each."""
-    lines = [f"  {'metric':<22} {'value':>10}   {'threshold':<12} verdict"]
-    for row in rows:
-        value = row["value"] if isinstance(row["value"], bool) else f"{row['value']:.4f}"
-        state = "PASS" if row["passed"] else "FAIL"
-        lines.append(f"  {row['metric']:<22} {value:>10}   {row['relation']} {row['threshold']:<9} {state}")
-    return "\n".join(lines)
-
-
-# The accuracy columns of the candidate table: encoders by cosine, decoders by their teacher-forced gate.
-_ACCURACY_COLUMNS = (("cosine_min", "cos min"), ("teacher_top1_agreement", "top1"), ("perplexity_ratio", "ppl x"))
-
-
-def candidate_table(search: dict) -> str:
-    """The engine search's candidates: accuracy on the development split, latency per shape, and the choice."""
-    rows = search["candidates"]
-    shapes = next((list(r["latency_ms"]) for r in rows if r.get("latency_ms")), [])
-    columns = [(k, label) for k, label in _ACCURACY_COLUMNS if any(k in r for r in rows)] or _ACCURACY_COLUMNS[:1]
-    head = f"    {'candidate':<20} {'status':<8} " + " ".join(f"{label:>8}" for _, label in columns)
-    lines = [head + " " + " ".join(f"{s + ' ms':>12}" for s in shapes)]
-    for row in rows:
-        scores = " ".join(f"{row[k]:>8.4f}" if k in row else f"{'-':>8}" for k, _ in columns)
-        times = " ".join(f"{(row.get('latency_ms') or {}).get(s, float('nan')):>12.2f}" for s in shapes)
-        mark = "  <- chosen" if row.get("chosen") else f"  ({row['reason']})" if row.get("reason") else ""
-        if row.get("bisection"):
-            wide = row.get("wide_layers")
-            mark += f"  (bisected: {'no' if wide is None else wide} {row['bisect_layers']} layers at 8 bits pass)"
-        if (row.get("held_out") or {}).get("status") == "missed":
-            mark += f"  (missed on held-out text: {'; '.join(row['held_out']['missed'])})"
-        lines.append(f"    {row['name']:<20} {row['status']:<8} {scores} {times}{mark}")
-    return "\n".join(lines)
 
 
 def _scores(metrics: dict) -> str:
@@ -174,11 +141,14 @@ def validate(artifact, data) -> None:
 
 @main.command(name="inspect")
 @click.argument("artifact")
-def inspect_artifact(artifact) -> None:
-    """Verify ARTIFACT's hashes and print its manifest summary."""
+@click.option("--json", "as_json", is_flag=True, help="print the verified description as JSON instead")
+def inspect_artifact(artifact, as_json) -> None:
+    """Verify ARTIFACT's hashes and print a summary: what it is, the search's table, the gate, size."""
     from pipeline.runtime import describe
+    from pipeline.summary import summary
 
-    click.echo(json.dumps(describe(artifact), indent=1, sort_keys=True))
+    info = describe(artifact)
+    click.echo(json.dumps(info, indent=1, sort_keys=True) if as_json else summary(info))
 
 
 @main.command()

@@ -42,7 +42,11 @@ def load_torch_model(checkpoint: Checkpoint, dtype: str = "float32"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = auto.from_pretrained(
-                checkpoint.path, attn_implementation="eager", dtype=dtype, trust_remote_code=False, local_files_only=True
+                checkpoint.path,
+                attn_implementation="eager",
+                dtype=dtype,
+                trust_remote_code=False,
+                local_files_only=True,
             )
     except Exception as err:  # safetensors, torch and transformers each raise their own types for bad files
         first = (str(err).splitlines() or [""])[0]

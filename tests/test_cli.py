@@ -75,9 +75,14 @@ def test_cli_build_then_inspect(tiny_bert, texts_file, tmp_path):
     assert "published" in first.stdout and "v1/cpu-avx2-dynamic" in first.stdout
     second = _cli("build", *common)
     assert "unchanged" in second.stdout and "reused stages: export, optimize, quantize, validate, tune" in second.stdout
-    shown = _cli("inspect", str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2-dynamic"))
+    folder = str(tmp_path / "a" / "tiny-bert" / "latest" / "cpu-avx2-dynamic")
+    shown = _cli("inspect", "--json", folder)
     assert shown.returncode == 0
     assert json.loads(shown.stdout)["verified"] is True
+    summary = _cli("inspect", folder)
+    assert summary.returncode == 0 and "tiny-bert v1 for cpu-avx2-dynamic: feature-extraction" in summary.stdout
+    assert "every sha256 verified" in summary.stdout and "validation on held-out text:" in summary.stdout
+    assert "cosine_min" in summary.stdout and "PASS" in summary.stdout and '"files"' not in summary.stdout
 
 
 def test_cli_inspect_refuses_tampered_artifact(artifact_copy):

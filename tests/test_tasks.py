@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from pipeline.architectures import ARCHITECTURES
 from pipeline.build import build
 from pipeline.runtime import load
-from pipeline.architectures import ARCHITECTURES
 from pipeline.tasks import TASKS
 
 from .tiny import DECODERS, make_checkpoint, make_decoder

@@ -184,6 +184,7 @@ def describe(path) -> dict:
         "target": manifest["target"],
         "task": manifest["model"]["task"],
         "backend": manifest["backend"],
+        "precision": manifest.get("precision"),
         "graph": manifest["graph"],
         "created_at": manifest.get("created_at"),
         "source_digest": manifest.get("source", {}).get("digest"),

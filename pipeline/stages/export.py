@@ -106,7 +106,8 @@ def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
     try:
         config = GenerationConfig.from_pretrained(checkpoint.path).to_dict()
     except OSError:  # no generation_config.json: transformers falls back to the model config
-        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False)).to_dict()
+        model_config = AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False)
+        config = GenerationConfig.from_model_config(model_config).to_dict()
     changed = sorted(k for k, default in UNSUPPORTED_GENERATION.items() if config.get(k, default) != default)
     if changed:
         raise ExportError(

@@ -29,6 +29,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline.architectures import architecture_of
 from pipeline.bench.common import median_range
 from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
