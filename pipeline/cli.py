@@ -264,6 +264,32 @@ def targets(targets_dir) -> None:
         sys.exit(TargetError.exit_code)
 
 
+@main.command(name="check")
+@click.argument("model")
+@click.option("--target", default="native", show_default=True, help="target name, .toml path, or native")
+def check_model(model, target) -> None:
+    """Say in seconds what building MODEL for TARGET would do (task, family, passes, candidates), building nothing."""
+    from pipeline.check import check
+
+    if target == "native":
+        from pipeline.runtime.host import kernel_class
+        from pipeline.targets import native_target
+
+        target = native_target(kernel_class())
+    plan = check(model, target)
+    click.echo(
+        f"{plan['model']}: {plan['model_type']} ({plan['family']}, {plan['record']} family), task {plan['task']}"
+    )
+    click.echo(f"  target      {plan['target']}, inputs up to {plan['max_length']} tokens")
+    click.echo(f"  passes      {plan['passes']}")
+    click.echo(f"  attention   {plan['attention']}")
+    for row in plan["candidates"]:
+        why = "" if row["buildable"] else f"  (skipped here: lacks {', '.join(row['missing_flags'])})"
+        click.echo(f"  candidate   {row['name']}{why}")
+    if not plan["candidates"]:
+        click.echo("  candidates  none: the target builds one graph, no search")
+
+
 @main.command(name="gc")
 @click.option("--artifacts-dir", default=None, help="published artifacts (default: ./artifacts)")
 @click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
