@@ -246,7 +246,9 @@ class Target:
     def calibrates(self) -> bool:
         """Whether a build for this target learns from the calibration text: it quantizes (int8 ranges,
         smoothing, the fallback) or searches candidates (scored on its development split)."""
-        return self.quantize.mode != "none" or bool(self.candidates) or (self.engine == "tensorrt" and self.tensorrt.int8)
+        return (
+            self.quantize.mode != "none" or bool(self.candidates) or (self.engine == "tensorrt" and self.tensorrt.int8)
+        )
 
     def family_candidates(self, family: str) -> tuple[Candidate, ...]:
         """The candidates for models of `family` ("encoder" or "decoder")."""

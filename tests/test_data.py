@@ -51,7 +51,9 @@ def test_texts_digest_depends_on_content_only(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "label": 3}\n')
     same = [texts_digest(read_texts(tmp_path / name, "calibration")) for name in ("a.txt", "b.jsonl")]
     assert same[0] == same[1]  # the same examples in another file and format
-    assert len({same[0], texts_digest(["two", "one"]), texts_digest(["one", "two "]), texts_digest([("one", "two")])}) == 4
+    assert (
+        len({same[0], texts_digest(["two", "one"]), texts_digest(["one", "two "]), texts_digest([("one", "two")])}) == 4
+    )
 
 
 def test_read_texts_reads_text_pairs(tmp_path):

@@ -8,11 +8,11 @@ run by run, at the target's shapes:
     batch_1    one row of 128 tokens          batch_32   32 rows of 128 tokens
     mixed_32   32 texts of mixed length, end to end (tokenization and length bucketing included)
 
-Candidates that pass the target's [accuracy] on the development split, with the margin a split of its size needs
-on extreme statistics (`pipeline.metrics.development_gate`), are then held, fastest first, to the same thresholds on the held-out
-validation text; the first that passes there is chosen, and a faster one that missed there says so in its row
-(`held_out`). Validation then holds the chosen one to its full gate. A candidate that misses, or that the build
-host cannot run (bf16 without the flags), is a row in the table, not an error; the build fails only when none
+Candidates that pass the target's [accuracy] on the development split, with the margin a split of its size needs on
+extreme statistics (`pipeline.metrics.development_gate`), are then held, fastest first, to the target's thresholds
+on the held-out validation text; the first that passes there is chosen, and a faster one that missed there says so
+in its row (`held_out`). Validation then holds the chosen one to its full gate. A candidate that misses, or that the
+build host cannot run (bf16 without the flags), is a row in the table, not an error; the build fails only when none
 passes, naming the closest. Candidates are timed with ONNX Runtime's spinning threads off: they alternate, and a
 spinning pool would steal the cores of the next one.
 

@@ -121,10 +121,10 @@ def _layers(graph: Path) -> list[list[str]]:
 
 
 def _bisect(manifest, target, candidate, split: tuple, gate, work: Path, missed) -> tuple:
-    """Bisection over layers for a weight-only candidate that missed its development `gate` (`missed`: its (graph,
-    model, stats)): the fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits with which
-    it passes, one measurement of the development split a try. Returns the passing try's (graph, model, stats) and every try, or `missed` where
-    even all layers wide miss."""
+    """Bisection over layers for a weight-only candidate that missed its development `gate` (`missed`: its
+    (graph, model, stats)): the fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits
+    with which it passes, one measurement of the development split a try. Returns the passing try's (graph, model,
+    stats) and every try, or `missed` where even all layers wide miss."""
     layers = _layers(manifest.stage("optimize").output("model.onnx"))
     if candidate.bisect_layers == "trailing":
         layers.reverse()
@@ -160,11 +160,10 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     checkpoint = manifest.checkpoint
     torch_model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
 
-    def reference(split: list) -> tuple:
-        new_tokens = target.generation.new_tokens
-        return split, generation_outputs(torch_model, tokenizer, split, new_tokens, checkpoint.max_length)
-
-    development, held_out = reference(texts["development"]), reference(texts["held_out"])
+    development, held_out = (
+        (split, generation_outputs(torch_model, tokenizer, split, target.generation.new_tokens, checkpoint.max_length))
+        for split in (texts["development"], texts["held_out"])
+    )
     del torch_model
 
     def make(candidate: Candidate):

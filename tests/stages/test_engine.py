@@ -80,7 +80,9 @@ def test_build_gpu_target_publishes_validated_fp16_graph_with_pending_engine(
     assert ("model.int8.onnx" in published["files"]) == int8 == ("int8_qdq" in published["validation"])
 
 
-def test_build_int8_target_publishes_symmetric_qdq_graph_beside_fp16(tiny_bert, texts_file, calibration_file, build_dirs):
+def test_build_int8_target_publishes_symmetric_qdq_graph_beside_fp16(
+    tiny_bert, texts_file, calibration_file, build_dirs
+):
     manifest = build(tiny_bert, "l4", validation=texts_file, calibration=calibration_file, **build_dirs)
     path = manifest.published["path"]
     graph = onnx.load(path + "/model.int8.onnx")

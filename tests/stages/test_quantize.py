@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.build import build
-from pipeline.errors import AccuracyError, TargetError
 from pipeline.data import read_texts
+from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import development_margin
 from pipeline.quantization import activation_absmax, quantizable_nodes, smooth
@@ -54,7 +54,9 @@ def test_quantize_dynamic_writes_integer_matmuls(tiny_bert, texts_file, calibrat
     ort.InferenceSession(manifest.published["path"] + "/model.onnx", providers=["CPUExecutionProvider"])
 
 
-def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, texts_file, calibration_file, build_dirs, tmp_path):
+def test_quantize_falls_back_to_mixed_precision_when_int8_misses(
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+):
     plain = build(tiny_bert, "cpu-avx2-dynamic", validation=texts_file, calibration=calibration_file, **build_dirs)
     plain_diff = plain.stage("quantize").metrics["candidates"][0]["max_abs_diff"]
     # The development gate narrows an extreme by development_margin(n): undo it so that the split must reach 0.7x.
@@ -65,7 +67,9 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(tiny_bert, text
     )  # fmt: skip
     # The stages up to quantize alone: the fallback is judged on the development split (2 of the 8 calibration
     # texts), and a threshold this close to plain int8's may miss on the held-out texts in validation.
-    manifest = Manifest("tiny-bert", str(tiny_bert), str(build_dirs["cache_dir"]), "", str(texts_file), str(calibration_file))
+    manifest = Manifest(
+        "tiny-bert", str(tiny_bert), str(build_dirs["cache_dir"]), "", str(texts_file), str(calibration_file)
+    )
     for stage in (checkpoint.run, export.run, optimize.run, quantize.run):
         manifest = stage(manifest, load_target(str(strict)))
     metrics = manifest.stage("quantize").metrics
@@ -107,7 +111,9 @@ def test_quantize_decoder_falls_back_until_its_gate_is_met(texts_file, calibrati
     # The development gate narrows an extreme by development_margin(n): undo it so that the split must reach 0.7x.
     plain_examples = len(read_texts(calibration_file, "calibration")) // 4
     margin = development_margin(plain_examples)
-    record = quantized("wide", quantize__max_fp32_nodes=64, accuracy__max_abs_diff=plain["max_abs_diff"] * 0.7 / (1 - margin))
+    record = quantized(
+        "wide", quantize__max_fp32_nodes=64, accuracy__max_abs_diff=plain["max_abs_diff"] * 0.7 / (1 - margin)
+    )
     metrics = record.metrics
     assert metrics["development_examples"] == plain_examples
     tried = metrics["candidates"]
@@ -135,7 +141,9 @@ def test_quantize_honours_excluded_op_types(tiny_bert, texts_file, calibration_f
 
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
-def test_quantize_static_qoperator_with_each_calibration_method(method, tiny_bert, texts_file, calibration_file, build_dirs, tmp_path):
+def test_quantize_static_qoperator_with_each_calibration_method(
+    method, tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+):
     target = write_target(tmp_path, f"static-{method}", quantize__mode="static", quantize__calibration_method=method)
     manifest = build(tiny_bert, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     ops = {n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node}
@@ -146,7 +154,9 @@ def test_quantize_static_qoperator_with_each_calibration_method(method, tiny_ber
     assert all(c["latency_ms_batch_1"] > 0 for c in metrics["candidates"])
 
 
-def test_quantize_static_qdq_writes_quantize_dequantize_pairs(tiny_bert, texts_file, calibration_file, build_dirs, tmp_path):
+def test_quantize_static_qdq_writes_quantize_dequantize_pairs(
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+):
     target = write_target(tmp_path, "static-qdq", quantize__mode="static", quantize__format="qdq")
     manifest = build(tiny_bert, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     ops = [n.op_type for n in onnx.load(manifest.published["path"] + "/model.onnx").graph.node]

@@ -192,7 +192,9 @@ def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_f
     node = helper.make_node("NoSuchOperator", ["x"], ["y"], domain="no.such.domain")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)]
+    )
     onnx.save(model, str(tmp_path / "refused.onnx"))
     gate = Accuracy(cosine_min=0.99)
 
@@ -204,7 +206,10 @@ def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_f
         return "built", "model", {"cosine_min": 1.0}, gate, {}
 
     rows, built = judge_candidates(
-        [Candidate(name, "onnxruntime", "fp32") for name in ("refused", "unreadable", "fine")], frozenset(), "test", make
+        [Candidate(name, "onnxruntime", "fp32") for name in ("refused", "unreadable", "fine")],
+        frozenset(),
+        "test",
+        make,
     )
     assert [r["status"] for r in rows] == ["failed", "failed", "passed"] and list(built) == ["fine"]
     refused, unreadable = rows[0]["reason"], rows[1]["reason"]

@@ -6,7 +6,9 @@ from pipeline.runtime import load
 from ..conftest import write_target
 
 
-def test_tune_records_fastest_candidate_and_loader_uses_it(tiny_bert, texts_file, calibration_file, build_dirs, tmp_path):
+def test_tune_records_fastest_candidate_and_loader_uses_it(
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+):
     target = write_target(
         tmp_path,
         "tuned",
