@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline import faults
 from pipeline.architectures import architecture_of
-from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts
+from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_calibration, check_held_out, read_texts
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
@@ -100,8 +100,10 @@ def build(
     if not spec.supported:
         raise TargetError(f"target {spec.name} is not yet supported: {spec.unsupported_reason}")
     # Bad data or an unwritable artifacts folder is found before the expensive stages, not after them.
-    read_texts(validation, "validation")
-    read_texts(calibration, "calibration")
+    held_out, calibration_texts = read_texts(validation, "validation"), read_texts(calibration, "calibration")
+    if spec.calibrates:
+        check_calibration(calibration_texts, calibration, spec.quantize.calibration_examples)
+        check_held_out(held_out, calibration_texts, validation, calibration)
     _check_writable(Path(artifacts_dir))
     if model is None:
         source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME

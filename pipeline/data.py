@@ -2,7 +2,8 @@
 
 Accepted: a text file (one example a line, blank lines skipped), JSONL (objects with a `text` field, and an
 optional `text_pair` for pair classifiers, read as a (text, text_pair) tuple), or a folder of such files.
-Errors name the file and line.
+Errors name the file and line. Held-out text must share no example with the calibration text (`check_held_out`),
+and calibration text must leave a development split (`check_calibration`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_VALIDATION = DATA_DIR / "validation.txt"
 DEFAULT_CALIBRATION = DATA_DIR / "calibration.txt"
 MAX_BYTES = 256 * 1024 * 1024
+# Every fourth calibration example is the development split that judges the fallback and the search: with 8, it
+# holds 2, the fewest on which every statistic is measured (an embedding's nearest-neighbour agreement needs two).
+MIN_CALIBRATION = 8
 
 
 def _read_file(path: Path, purpose: str) -> list[str]:
@@ -69,3 +73,33 @@ def read_texts(path: str | Path, purpose: str) -> list[str]:
 def texts_digest(texts: list) -> str:
     """sha256 of the examples themselves, so the same data in another file gives the same cache key."""
     return hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def normalized(example) -> str:
+    """An example as overlap is judged: a pair's two texts joined, whitespace collapsed, case folded."""
+    text = example if isinstance(example, str) else " ".join(example)
+    return " ".join(text.split()).casefold()
+
+
+def check_held_out(validation: list, calibration: list, validation_path, calibration_path) -> None:
+    """An InputError if any validation example is also a calibration example (compared `normalized`): text a
+    build was calibrated or judged on is not held out."""
+    shared = {normalized(t) for t in validation} & {normalized(t) for t in calibration}
+    if shared:
+        raise InputError(
+            f"validation data {validation_path} and calibration data {calibration_path} share {len(shared)} "
+            "example(s) (compared with whitespace collapsed and case folded), so validation would not be on "
+            "held-out text; remove them from one of the two, or pass other --validation or --calibration data"
+        )
+
+
+def check_calibration(texts: list, path, limit: int) -> None:
+    """An InputError if the calibration examples a build uses (the first `limit`) are fewer than MIN_CALIBRATION."""
+    usable = min(len(texts), limit)
+    if usable < MIN_CALIBRATION:
+        capped = f" (quantize.calibration_examples = {limit})" if limit < len(texts) else ""
+        raise InputError(
+            f"calibration data {path} gives {usable} example(s){capped}; the target needs at least "
+            f"{MIN_CALIBRATION}, every fourth held back as the development split that judges its graphs: add "
+            "examples, or pass other --calibration data"
+        )

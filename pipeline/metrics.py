@@ -2,11 +2,14 @@
 target thresholds it misses. Used by validate, quantize (the fallback and the search), engine and bench.
 
 Every statistic is named; scores (cosine, agreement) pass at or above their threshold, differences at or below.
+A statistic that could not be measured is listed, with the reason, under NOT_MEASURED; a threshold set on it is
+missed, never skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -25,6 +28,13 @@ CHECKS = {
     "teacher_top1_agreement": ("teacher_top1_agreement", True),
     "perplexity_ratio": ("perplexity_ratio", False),
 }
+# stats[NOT_MEASURED]: {metric: why it could not be measured}, for the statistics a comparison owes but could not give.
+NOT_MEASURED = "not_measured"
+# Statistics that are an extreme over the examples: a small split sees less of the tail than held-out text will.
+EXTREMES = ("cosine_min", "max_abs_diff", "max_probability_diff")
+# The development gate's margin, as a share of the gap to a perfect score: DEV_MARGIN / sqrt(n), at most DEV_MARGIN_CAP.
+DEV_MARGIN = 2.0
+DEV_MARGIN_CAP = 0.5
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -68,7 +78,8 @@ def teacher_forced_stats(reference: dict, candidate: list[np.ndarray]) -> dict:
         nll_reference.append(-_log_softmax(ref)[rows, tokens])
         nll_candidate.append(-_log_softmax(cand)[rows, tokens])
     if not agree:
-        return {}
+        reason = "no text has the 4 tokens a prompt and a held-out continuation need"
+        return {NOT_MEASURED: {"teacher_top1_agreement": reason, "perplexity_ratio": reason}}
     gap = np.concatenate(nll_candidate).mean() - np.concatenate(nll_reference).mean()
     return {"teacher_top1_agreement": float(np.concatenate(agree).mean()), "perplexity_ratio": float(np.exp(gap))}
 
@@ -82,6 +93,8 @@ def _embedding_stats(reference: np.ndarray, candidate: np.ndarray) -> dict:
     if k > 0:
         ref, cand = _top_k(reference, k), _top_k(candidate, k)
         stats["top10_agreement"] = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, cand, strict=True)]))
+    else:
+        stats[NOT_MEASURED] = {"top10_agreement": "one example has no neighbours to agree on"}
     return stats
 
 
@@ -113,6 +126,9 @@ def worst(a: dict, b: dict) -> dict:
     """Per statistic, the worse of two measurements."""
     merged = {}
     for key in a.keys() | b.keys():
+        if key == NOT_MEASURED:
+            merged[key] = {**a.get(key, {}), **b.get(key, {})}
+            continue
         values = [d[key] for d in (a, b) if key in d]
         higher_better = CHECKS.get(key, (None, True))[1]
         merged[key] = min(values) if higher_better else max(values)
@@ -120,18 +136,27 @@ def worst(a: dict, b: dict) -> dict:
 
 
 def verdict(stats: dict, accuracy: Accuracy) -> list[dict]:
-    """One row per threshold the target sets and the statistics hold: metric, value, threshold, relation, passed."""
+    """One row per threshold the target sets and the statistics hold or owe: metric, value, threshold, relation,
+    passed. A gated statistic listed as not measured is a failed row with value None and the reason."""
     rows = []
     if stats.get("finite") is False:
         return [{"metric": "finite", "value": False, "threshold": True, "relation": "==", "passed": False}]
+    unmeasured = stats.get(NOT_MEASURED, {})
     for name, (field, higher_better) in CHECKS.items():
         threshold = getattr(accuracy, field)
-        if threshold is None or name not in stats:
+        if threshold is None:
+            continue
+        relation = ">=" if higher_better else "<="
+        if name in unmeasured and name not in stats:
+            rows.append({"metric": name, "value": None, "threshold": threshold, "relation": relation,
+                         "passed": False, "reason": unmeasured[name]})  # fmt: skip
+            continue
+        if name not in stats:
             continue
         value = stats[name]
         passed = value >= threshold if higher_better else value <= threshold
-        rows.append({"metric": name, "value": value, "threshold": threshold,
-                     "relation": ">=" if higher_better else "<=", "passed": bool(passed)})  # fmt: skip
+        rows.append({"metric": name, "value": value, "threshold": threshold, "relation": relation,
+                     "passed": bool(passed)})  # fmt: skip
     return rows
 
 
@@ -140,7 +165,9 @@ def failures(stats: dict, accuracy: Accuracy) -> list[str]:
     if stats.get("finite") is False:
         return ["the candidate outputs NaN or inf"]
     return [
-        f"{row['metric']} = {row['value']:.4f}, needs {row['relation']} {row['threshold']}"
+        f"{row['metric']} was not measured ({row['reason']}), needs {row['relation']} {row['threshold']}"
+        if row["value"] is None
+        else f"{row['metric']} = {row['value']:.4f}, needs {row['relation']} {row['threshold']}"
         for row in verdict(stats, accuracy)
         if not row["passed"]
     ]
@@ -152,22 +179,44 @@ def closeness(stats: dict, accuracy: Accuracy) -> float:
     rows = verdict(stats, accuracy)
     if not rows:
         return 0.0
-    if rows[0]["metric"] == "finite":
+    if rows[0]["metric"] == "finite" or any(r["value"] is None for r in rows):
         return float("-inf")
     return min((r["value"] - r["threshold"]) if r["relation"] == ">=" else (r["threshold"] - r["value"]) for r in rows)
 
 
-def with_headroom(accuracy: Accuracy, headroom: float) -> Accuracy:
-    """Stricter thresholds: scores move `headroom` of the way to 1, differences shrink by `headroom`."""
+def with_headroom(accuracy: Accuracy, headroom: float, fields=None) -> Accuracy:
+    """Stricter thresholds: scores move `headroom` of the way to 1, differences shrink by `headroom` (only the
+    thresholds named in `fields`, where given)."""
     changes = {}
     for field in dataclasses.fields(Accuracy):
         value = getattr(accuracy, field.name)
-        if value is None:
+        if value is None or (fields is not None and field.name not in fields):
             continue
         # A ratio of at least 1 (perplexity_ratio) also tightens toward 1, as a score does.
         higher_is_better = not field.name.startswith("max_")
         changes[field.name] = value + (1 - value) * headroom if higher_is_better else value * (1 - headroom)
     return dataclasses.replace(accuracy, **changes)
+
+
+def development_margin(examples: int) -> float:
+    """The share of the gap to a perfect score by which a development split of `examples` must clear a threshold
+    on an extreme statistic: DEV_MARGIN / sqrt(n), at most DEV_MARGIN_CAP (0.5 up to 16 examples, 0.25 at 64,
+    0.125 at 256)."""
+    return min(DEV_MARGIN_CAP, DEV_MARGIN / math.sqrt(max(examples, 1)))
+
+
+def development_gate(accuracy: Accuracy, examples: int, headroom: float = 0.0) -> Accuracy:
+    """The thresholds a graph must meet on a development split of `examples` to be chosen.
+
+    Every threshold first moves `headroom` of the way to a perfect score (`with_headroom`). The extremes over the
+    examples (EXTREMES: cosine_min, max_abs_diff, max_probability_diff) then move a further `development_margin(n)`
+    of the remaining gap: the minimum over 15 examples is an optimistic estimate of the minimum over a few hundred
+    held-out ones, and less so as the split grows, as a confidence bound narrows like 1/sqrt(n). With cosine_min
+    0.99 and no headroom the split must reach 0.995 at 15 examples, 0.9975 with headroom 0.5; 0.99125 at 256.
+    Means (cosine_mean, agreements, perplexity ratio) average over every example or position and keep their
+    threshold with headroom."""
+    margin = development_margin(examples)
+    return with_headroom(with_headroom(accuracy, headroom), margin, EXTREMES)
 
 
 def split_at_middle(rows: list[list[int]], max_length: int) -> list[tuple[list[int], list[int]]]:

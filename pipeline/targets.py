@@ -242,6 +242,14 @@ class Target:
         """A JSON-ready copy, used in cache keys and manifests."""
         return dataclasses.asdict(self)
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether a build for this target learns from the calibration text: it quantizes (int8 ranges,
+        smoothing, the fallback) or searches candidates (scored on its development split)."""
+        return (
+            self.quantize.mode != "none" or bool(self.candidates) or (self.engine == "tensorrt" and self.tensorrt.int8)
+        )
+
     def family_candidates(self, family: str) -> tuple[Candidate, ...]:
         """The candidates for models of `family` ("encoder" or "decoder")."""
         return tuple(c for c in self.candidates if c.family == family)

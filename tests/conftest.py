@@ -49,9 +49,9 @@ def _publish(
 
 
 @pytest.fixture(scope="session")
-def published_gpt2(tiny_gpt2, texts_file, tmp_path_factory) -> Path:
+def published_gpt2(tiny_gpt2, texts_file, calibration_file, tmp_path_factory) -> Path:
     """The tiny GPT-2 built for cpu-avx2-dynamic (dynamic int8), once per session. Copy it before changing it."""
-    return _publish(tiny_gpt2, texts_file, texts_file, tmp_path_factory.mktemp("published-gpt2"))
+    return _publish(tiny_gpt2, texts_file, calibration_file, tmp_path_factory.mktemp("published-gpt2"))
 
 
 @pytest.fixture(scope="session")

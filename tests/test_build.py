@@ -8,7 +8,7 @@ from pipeline.build import build
 from pipeline.errors import AccuracyError, ArtifactError, InputError, TargetError
 from pipeline.runtime import load
 
-from .conftest import write_target
+from .conftest import CALIBRATION_TEXTS, write_target
 from .tiny import make_checkpoint
 
 
@@ -23,7 +23,9 @@ def _timed_keys(tree) -> list[str]:
 
 
 def _build(checkpoint, texts_file, dirs, target="cpu-avx2-dynamic", **kwargs):
-    return build(checkpoint, target, validation=texts_file, calibration=texts_file, **dirs, **kwargs)
+    calibration = dirs["cache_dir"].parent / "calibration.txt"  # shares no line with the held-out texts_file
+    calibration.write_text("\n".join(CALIBRATION_TEXTS) + "\n")
+    return build(checkpoint, target, validation=texts_file, calibration=calibration, **dirs, **kwargs)
 
 
 def test_build_publishes_loadable_artifact(tiny_bert, texts_file, build_dirs):
@@ -115,7 +117,10 @@ def test_build_pair_classifier_validates_on_text_pairs(texts_file, build_dirs, t
         )
     ]
     pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    manifest = build(checkpoint, "cpu-avx2-dynamic", validation=pairs, calibration=pairs, **build_dirs)
+    calibration = tmp_path / "calibration-pairs.jsonl"
+    others = zip(CALIBRATION_TEXTS, reversed(CALIBRATION_TEXTS), strict=True)
+    calibration.write_text("\n".join(json.dumps({"text": t, "text_pair": u}) for t, u in others) + "\n")
+    manifest = build(checkpoint, "cpu-avx2-dynamic", validation=pairs, calibration=calibration, **build_dirs)
     assert manifest.stage("validate").metrics["top1_agreement"] >= 0.98
     out = load(manifest.published["path"]).run([("is it raining?", "yes, heavily"), "single text"])
     assert out.shape == (2, 3)

@@ -4,20 +4,40 @@ where the output depends on it, the host. Changing what shapes an output rebuild
 import dataclasses
 import json
 import shutil
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline import build as build_table
 from pipeline import cache
 from pipeline.build import build
 from pipeline.cache import StageSpec, runtime_code_digest
 from pipeline.errors import CacheError, PipelineError
-from pipeline.stages import engine, export, optimize, precision, quantize, tune, validate
+from pipeline.runtime.host import KERNEL_CLASSES
+from pipeline.stages import engine, export, optimize, precision, validate
 
 from .conftest import write_target
 
-STAGES = [export.STAGE, optimize.STAGE, quantize.STAGE, precision.STAGE, validate.STAGE, tune.STAGE, engine.STAGE]
+
+def _declared_stages() -> list[StageSpec]:
+    """Every StageSpec the modules of the build's stage table declare (a module may declare more than one)."""
+    specs = {}
+    for _, run in build_table.STAGES:
+        for value in vars(sys.modules[run.__module__]).values():
+            if isinstance(value, StageSpec):
+                specs[value.name] = value
+    return [specs[name] for name in sorted(specs)]
+
+
+STAGES = _declared_stages()
+
+
+def test_the_declared_stages_include_every_cached_stage_of_the_table():
+    assert {"export", "optimize", "search", "quantize", "int8_qdq", "fp16", "validate", "tune", "engine"} <= {
+        s.name for s in STAGES
+    }
 
 
 def _sample(spec: StageSpec):
@@ -59,8 +79,9 @@ def test_package_version_and_host_enter_the_key_where_declared(monkeypatch):
     body = validate.STAGE.key_body(_sample(validate.STAGE), {})
     assert body["host"] == cache.kernel_class() and body["runtime_code"] == runtime_code_digest()
     assert "host" not in export.STAGE.key_body(config, {})
-    monkeypatch.setattr(cache, "kernel_class", lambda: "amx")
-    assert validate.STAGE.key_body(_sample(validate.STAGE), {})["host"] == "amx"
+    other_class = next(name for name, _ in KERNEL_CLASSES if name != cache.kernel_class())
+    monkeypatch.setattr(cache, "kernel_class", lambda: other_class)
+    assert validate.STAGE.key_body(_sample(validate.STAGE), {})["host"] == other_class
 
 
 def test_engine_key_holds_data_and_thresholds_but_not_the_driver():
@@ -109,7 +130,8 @@ def test_another_kernel_class_revalidates_and_a_new_tune_keeps_the_version(
     retuned = build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
     assert _rebuilt(retuned) == ["tune"]
     assert retuned.published["reused"] and retuned.published["version"] == first.published["version"]
-    monkeypatch.setattr(cache, "kernel_class", lambda: "amx")  # other int8 kernels: measure again
+    other_class = next(name for name, _ in KERNEL_CLASSES if name != cache.kernel_class())
+    monkeypatch.setattr(cache, "kernel_class", lambda: other_class)  # other int8 kernels: measure again
     other = build(tiny_bert, "cpu-avx2-dynamic", **dirs, **data)
     assert {"quantize", "validate"} <= set(_rebuilt(other)) and "export" not in _rebuilt(other)
 

@@ -1,7 +1,10 @@
 import pytest
 
-from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts, texts_digest
+from pipeline.build import build
+from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_held_out, read_texts, texts_digest
 from pipeline.errors import InputError
+
+from .conftest import CALIBRATION_TEXTS, SMALL_TEXTS
 
 
 def test_read_texts_shipped_sets_are_large_and_disjoint():
@@ -43,9 +46,14 @@ def test_read_texts_refuses_missing_path(tmp_path):
         read_texts(tmp_path / "nope.txt", "validation")
 
 
-def test_texts_digest_depends_on_content_only():
-    assert texts_digest(["a", "b"]) == texts_digest(["a", "b"])
-    assert texts_digest(["a", "b"]) != texts_digest(["b", "a"])
+def test_texts_digest_depends_on_content_only(tmp_path):
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "label": 3}\n')
+    same = [texts_digest(read_texts(tmp_path / name, "calibration")) for name in ("a.txt", "b.jsonl")]
+    assert same[0] == same[1]  # the same examples in another file and format
+    assert (
+        len({same[0], texts_digest(["two", "one"]), texts_digest(["one", "two "]), texts_digest([("one", "two")])}) == 4
+    )
 
 
 def test_read_texts_reads_text_pairs(tmp_path):
@@ -59,3 +67,34 @@ def test_read_texts_refuses_non_string_pair(tmp_path):
     path.write_text('{"text": "q", "text_pair": 3}\n')
     with pytest.raises(InputError, match=r"pairs\.jsonl, line 1: \"text_pair\" must be a string"):
         read_texts(path, "calibration")
+
+
+def test_check_held_out_refuses_shared_examples_after_collapsing_whitespace_and_case(tmp_path):
+    validation = ["The cat sat on the mat.", "Unique held-out line.", ("Q?", "A.")]
+    calibration = ["  the CAT  sat on\tthe mat. ", "q?  a.", "Something else."]
+    with pytest.raises(InputError, match=r"^validation data v\.txt and calibration data c\.txt share 2 example") as err:
+        check_held_out(validation, calibration, "v.txt", "c.txt")
+    assert "\n" not in str(err.value)
+    check_held_out(validation, calibration[2:], "v.txt", "c.txt")
+
+
+def _data(folder, validation: list, calibration: list) -> dict:
+    folder.mkdir()
+    (folder / "validation.txt").write_text("\n".join(validation) + "\n")
+    (folder / "calibration.txt").write_text("\n".join(calibration) + "\n")
+    return {"validation": folder / "validation.txt", "calibration": folder / "calibration.txt"}
+
+
+def test_build_refuses_validation_text_that_is_calibration_text_before_any_stage(tiny_bert, tmp_path):
+    shared = [SMALL_TEXTS[0].upper(), SMALL_TEXTS[3] + "  "]
+    data = _data(tmp_path / "data", SMALL_TEXTS, CALIBRATION_TEXTS + shared)
+    with pytest.raises(InputError, match=r"validation\.txt and calibration data .*calibration\.txt share 2 example"):
+        build(tiny_bert, "cpu-avx2-dynamic", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c", **data)
+    assert not (tmp_path / "c").exists()  # refused before the first stage
+
+
+def test_build_refuses_calibration_text_too_small_for_a_development_split(tiny_bert, tmp_path):
+    data = _data(tmp_path / "data", SMALL_TEXTS, CALIBRATION_TEXTS[:3])
+    with pytest.raises(InputError, match=r"calibration\.txt gives 3 example\(s\); the target needs at least 8,"):
+        build(tiny_bert, "cpu-avx2", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c", **data)
+    assert not (tmp_path / "c").exists()

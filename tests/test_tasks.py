@@ -30,11 +30,11 @@ def test_every_table_row_has_a_test():
 
 
 @pytest.mark.parametrize("model_type", TESTED_ENCODERS)
-def test_build_each_architecture_validates_and_runs(model_type, texts_file, tmp_path):
+def test_build_each_architecture_validates_and_runs(model_type, texts_file, calibration_file, tmp_path):
     task = "sequence-classification" if model_type == "roberta" else "feature-extraction"
     folder = make_checkpoint(tmp_path / f"tiny-{model_type}", model_type, task)
     manifest = build(
-        folder, "cpu-avx2", validation=texts_file, calibration=texts_file,
+        folder, "cpu-avx2", validation=texts_file, calibration=calibration_file,
         artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
     )  # fmt: skip
     model = load(manifest.published["path"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from pipeline.errors import PipelineError
-from pipeline.metrics import closeness, failures
+from pipeline.metrics import NOT_MEASURED, closeness, failures
 from pipeline.progress import note, progress
 from pipeline.targets import Candidate
 
@@ -27,8 +27,10 @@ def candidate_row(candidate: Candidate, status: str, **values) -> dict:
 
 def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], dict]:
     """Build and score each candidate with `make(candidate) -> (built, model, stats, gate, extra row values)`. A
-    candidate whose CPU flags the host lacks, or whose recipe cannot be made here, is a row, as is one that misses
-    its gate. Returns (rows, {name: (built, model)}) for those built."""
+    candidate whose CPU flags the host lacks is a "skipped" row; one whose recipe cannot be made or run here, for
+    whatever reason (ONNX Runtime refusing its graph, a missing package, a file it cannot write), is a "failed"
+    row with the error's first line; one that misses its gate is a "missed" row. Returns (rows, {name: (built,
+    model)}) for those built."""
     rows, built = [], {}
     for candidate in progress(candidates, title):
         missing = sorted(set(candidate.required_cpu_flags) - flags)
@@ -38,8 +40,8 @@ def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], d
         started = time.perf_counter()
         try:
             made, model, stats, gate, extra = make(candidate)
-        except (PipelineError, RuntimeError, ValueError) as err:  # a recipe that cannot be made here is a row
-            rows.append(candidate_row(candidate, "failed", reason=str(err).splitlines()[0][:300]))
+        except Exception as err:  # noqa: BLE001 - one candidate's failure is its row; the others still run
+            rows.append(candidate_row(candidate, "failed", reason=_one_line(err)))
             continue
         missed = failures(stats, gate)
         row = candidate_row(
@@ -48,8 +50,19 @@ def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], d
         )  # fmt: skip
         rows.append(row)
         built[candidate.name] = (made, model)
-        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(stats.items())))
+        figures = sorted((k, v) for k, v in stats.items() if k != NOT_MEASURED)
+        note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in figures))
     return rows, built
+
+
+def _one_line(err: Exception) -> str:
+    """The error's first line, at most 300 characters; others than the pipeline's own are named by their type
+    (ONNX Runtime's Fail and InvalidArgument say little without it)."""
+    lines = str(err).strip().splitlines()
+    line = lines[0] if lines else ""
+    if not isinstance(err, PipelineError):
+        line = f"{type(err).__name__}: {line}" if line else type(err).__name__
+    return line[:300]
 
 
 def attach_timings(rows: list[dict], timings: dict) -> None:

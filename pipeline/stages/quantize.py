@@ -20,7 +20,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
-from pipeline.metrics import compare, failures, measure, outputs, teacher_reference, with_headroom
+from pipeline.metrics import compare, development_gate, failures, measure, outputs, teacher_reference
 from pipeline.progress import note, progress
 from pipeline.quantization import (
     activation_absmax,
@@ -37,7 +37,7 @@ from pipeline.quantization import (
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
-VERSION = 3
+VERSION = 4
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
@@ -153,7 +153,7 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
     source, smoothed = _smoothed(fp32_path, fp32, nodes, settings, calibration, batch, work)
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
     candidates, sensitivity = [], None
-    gate = with_headroom(target.accuracy, settings.fallback_headroom)
+    gate = development_gate(target.accuracy, len(texts), settings.fallback_headroom)
     started = time.perf_counter()
     quantize_one = _quantizer(settings, source, fp32, calibration, work)
 

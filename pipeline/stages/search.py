@@ -8,10 +8,11 @@ run by run, at the target's shapes:
     batch_1    one row of 128 tokens          batch_32   32 rows of 128 tokens
     mixed_32   32 texts of mixed length, end to end (tokenization and length bucketing included)
 
-Candidates that pass the target's [accuracy] are then held, fastest first, to the same thresholds on the held-out
-validation text; the first that passes there is chosen, and a faster one that missed there says so in its row
-(`held_out`). Validation then holds the chosen one to its full gate. A candidate that misses, or that the build
-host cannot run (bf16 without the flags), is a row in the table, not an error; the build fails only when none
+Candidates that pass the target's [accuracy] on the development split, with the margin a split of its size needs on
+extreme statistics (`pipeline.metrics.development_gate`), are then held, fastest first, to the target's thresholds
+on the held-out validation text; the first that passes there is chosen, and a faster one that missed there says so
+in its row (`held_out`). Validation then holds the chosen one to its full gate. A candidate that misses, or that the
+build host cannot run (bf16 without the flags), is a row in the table, not an error; the build fails only when none
 passes, naming the closest. Candidates are timed with ONNX Runtime's spinning threads off: they alternate, and a
 spinning pool would steal the cores of the next one.
 
@@ -35,7 +36,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
-from pipeline.metrics import compare, failures, measure
+from pipeline.metrics import compare, development_gate, failures, measure
 from pipeline.progress import progress
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -45,7 +46,7 @@ from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 
-VERSION = 8
+VERSION = 9
 SEQUENCE = 128
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
@@ -108,20 +109,22 @@ def _openvino_graph(manifest, target, candidate: Candidate, out: Path, texts: di
 
 
 def _dev_gate(manifest: Manifest, target: Target, feeds: list, reference):
-    """`passes(openvino_model)`: whether the model, compiled as the candidate runs, meets the target's thresholds
-    on the development split (`feeds`, one text each). No headroom: the search's held-out check stands behind it,
-    and with ONNX Runtime's headroom (cosine min 0.997 for 0.99) MiniLM kept every MatMul kind out of int8."""
+    """`passes(openvino_model)`: whether the model, compiled as the candidate runs, meets the target's development
+    gate on the development split (`feeds`, one text each): `development_gate` without headroom. The search's
+    held-out check stands behind it, and with ONNX Runtime's headroom (cosine min 0.997 for 0.99) MiniLM kept
+    every MatMul kind out of int8."""
     import numpy as np
     import openvino as ov
 
     from pipeline.runtime.backends.openvino import compile_config
 
     metric = TASKS[manifest.checkpoint.task].metric
+    gate = development_gate(target.accuracy, len(feeds))
 
     def passes(model) -> bool:
         compiled = ov.Core().compile_model(model, "CPU", compile_config({}))
         got = np.concatenate([compiled(feed)[compiled.outputs[0]] for feed in feeds])
-        return not failures(compare(metric, reference, got), target.accuracy)
+        return not failures(compare(metric, reference, got), gate)
 
     return passes
 
@@ -251,7 +254,7 @@ def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out
         made = _build(manifest, target, candidate, out / "work" / candidate.name, texts, reference)
         model = candidate_model(manifest, target, made["graph"], made["backend"], {**made["session"], **NO_SPINNING})
         stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
-        return made, model, stats, target.accuracy, {"fallback": made["fallback"]}
+        return made, model, stats, development_gate(target.accuracy, len(development)), {"fallback": made["fallback"]}
 
     rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)
     models = {name: model for name, (_, model) in built.items()}

@@ -1,17 +1,18 @@
 """The engine and precision search for decoders: the target's decoder [[candidates]] (fp32, int8 and int4
 weight-only MatMulNBits) built, judged and timed side by side.
 
-Each candidate is judged the cheap way, by one teacher-forced pass over the development split of the calibration
-text against PyTorch (top-1 agreement and perplexity ratio, at the candidate's own thresholds), and timed on the
-build host, candidates alternating run by run, at three shapes:
+Each candidate is judged on the development split of the calibration text against PyTorch at the candidate's own
+thresholds, on everything validation holds it to: a teacher-forced pass (top-1 agreement, perplexity ratio), the
+next-token logits, and greedy continuations of `generation.new_tokens` tokens (exact match, prefix agreement), at
+batch size 1 and at the target's, the worse counting. It is timed on the build host, candidates alternating run
+by run, at three shapes:
 
     ttft_1x128   time to first token of one 128-token prompt
     decode_1     ms per generated token, one row
     decode_8     ms per step, eight rows (16-token prompts)
 
-Those that pass are held, fastest first, to the same teacher-forced gate on the held-out prompts, and the first
-that passes there is chosen; validation then holds it to its full gate (greedy continuations included). A
-candidate that misses is a row in the table.
+Those that pass are held, fastest first, to the same gate on the held-out prompts, and the first that passes there
+is chosen; validation then holds it to that gate again. A candidate that misses is a row in the table.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import numpy as np
 
 from pipeline.bench.common import median_range
 from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import failures, teacher_forced_stats, teacher_outputs
+from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
-from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
+from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
@@ -91,16 +92,18 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
     return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
 
 
-def _judge(manifest, target, candidate, graph: Path, reference: dict) -> tuple[object, dict]:
-    """The candidate's runtime model and its row's statistics against the PyTorch teacher-forced reference."""
+def _judge(manifest, target, candidate, graph: Path, split: tuple) -> tuple[object, dict]:
+    """The candidate's runtime model and its row's statistics against PyTorch on `split` (texts, reference)."""
     model = candidate_model(manifest, target, graph, session=NO_SPINNING)
-    return model, _stats(model, reference, target.shapes.batch_size)
+    return model, _stats(model, split, target)
 
 
-def _stats(model, reference: dict, batch_size: int) -> dict:
-    """Teacher-forced statistics of `model` against `reference`, with `finite: False` where any is not finite."""
-    stats = teacher_forced_stats(reference, teacher_outputs(model, reference, batch_size))
-    if not all(np.isfinite(v) for v in stats.values()):
+def _stats(model, split: tuple, target: Target) -> dict:
+    """Statistics of `model` on `split` (texts, PyTorch's `generation_outputs` for them), as validation measures
+    them, with `finite: False` where any is not finite."""
+    texts, reference = split
+    stats = measure(model, texts, reference, "generation", target.shapes.batch_size, target.generation.new_tokens)
+    if not all(np.isfinite(v) for k, v in stats.items() if k != NOT_MEASURED and not isinstance(v, bool)):
         stats["finite"] = False
     return stats
 
@@ -117,21 +120,20 @@ def _layers(graph: Path) -> list[list[str]]:
     return [grouped[i] for i in sorted(grouped)]
 
 
-def _bisect(manifest, target, candidate, reference, work: Path, missed) -> tuple:
-    """Bisection over layers for a weight-only candidate that missed (`missed`: its (graph, model, stats)): the
-    fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits with which it passes, one
-    teacher-forced pass a try. Returns the passing try's (graph, model, stats) and every try, or `missed` where
-    even all layers wide miss."""
+def _bisect(manifest, target, candidate, split: tuple, gate, work: Path, missed) -> tuple:
+    """Bisection over layers for a weight-only candidate that missed its development `gate` (`missed`: its
+    (graph, model, stats)): the fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits
+    with which it passes, one measurement of the development split a try. Returns the passing try's (graph, model,
+    stats) and every try, or `missed` where even all layers wide miss."""
     layers = _layers(manifest.stage("optimize").output("model.onnx"))
     if candidate.bisect_layers == "trailing":
         layers.reverse()
-    gate = target.with_candidate(candidate.name).accuracy
     tries, best = [], None
 
     def attempt(count: int):
         wide = [name for layer in layers[:count] for name in layer]
         graph = _build(manifest, target, candidate, work / f"wide-{count}", wide)
-        model, stats = _judge(manifest, target, candidate, graph, reference)
+        model, stats = _judge(manifest, target, candidate, graph, split)
         tries.append({"wide_layers": count, "passed": not failures(stats, gate), **stats})
         return (graph, model, stats), tries[-1]["passed"]
 
@@ -154,23 +156,26 @@ def _bisect(manifest, target, candidate, reference, work: Path, missed) -> tuple
 
 def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out: Path) -> tuple:
     """Build, judge and time every decoder candidate on `texts["development"]`; returns (rows, {name: graph path}
-    for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`, teacher-forced)."""
+    for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`)."""
     checkpoint = manifest.checkpoint
     torch_model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
-    reference = teacher_forced(torch_model, tokenizer, texts["development"], checkpoint.max_length)
-    held_out = teacher_forced(torch_model, tokenizer, texts["held_out"], checkpoint.max_length)
+
+    development, held_out = (
+        (split, generation_outputs(torch_model, tokenizer, split, target.generation.new_tokens, checkpoint.max_length))
+        for split in (texts["development"], texts["held_out"])
+    )
     del torch_model
 
     def make(candidate: Candidate):
         work = out / "work" / candidate.name
         graph = _build(manifest, target, candidate, work)
-        model, stats = _judge(manifest, target, candidate, graph, reference)
-        gate = target.with_candidate(candidate.name).accuracy
+        model, stats = _judge(manifest, target, candidate, graph, development)
+        gate = development_gate(target.with_candidate(candidate.name).accuracy, len(texts["development"]))
         wider = candidate.quantize == "weight_only" and candidate.bits != target.quantize.head_bits
         if not (candidate.bisect_layers != "none" and wider and failures(stats, gate)):
             return graph, model, stats, gate, {}
         missed = (graph, model, stats)
-        (graph, model, stats), tries, wide = _bisect(manifest, target, candidate, reference, work, missed)
+        (graph, model, stats), tries, wide = _bisect(manifest, target, candidate, development, gate, work, missed)
         return graph, model, stats, gate, {"wide_layers": wide, "bisection": tries}
 
     rows, built = judge_candidates(
@@ -180,7 +185,7 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     attach_timings(rows, timings)
 
     def check(name: str):
-        stats = _stats(built[name][1], held_out, target.shapes.batch_size)
+        stats = _stats(built[name][1], held_out, target)
         return stats, failures(stats, target.with_candidate(name).accuracy)
 
     return rows, {name: graph for name, (graph, _) in built.items()}, check

@@ -57,8 +57,10 @@ def test_check_engine_refuses_other_architecture_naming_both():
 @pytest.mark.parametrize(
     "target", ["a100", pytest.param("h100", marks=pytest.mark.slow), pytest.param("l4", marks=pytest.mark.slow)]
 )
-def test_build_gpu_target_publishes_validated_fp16_graph_with_pending_engine(target, tiny_bert, texts_file, build_dirs):
-    manifest = build(tiny_bert, target, validation=texts_file, calibration=texts_file, **build_dirs)
+def test_build_gpu_target_publishes_validated_fp16_graph_with_pending_engine(
+    target, tiny_bert, texts_file, calibration_file, build_dirs
+):
+    manifest = build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **build_dirs)
     published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
     assert published["engine"]["status"] == "pending" and published["engine"]["reason"]
     assert published["engine"]["compute_capability"] == load_target(target).tensorrt.compute_capability
@@ -78,8 +80,10 @@ def test_build_gpu_target_publishes_validated_fp16_graph_with_pending_engine(tar
     assert ("model.int8.onnx" in published["files"]) == int8 == ("int8_qdq" in published["validation"])
 
 
-def test_build_int8_target_publishes_symmetric_qdq_graph_beside_fp16(tiny_bert, texts_file, build_dirs):
-    manifest = build(tiny_bert, "l4", validation=texts_file, calibration=texts_file, **build_dirs)
+def test_build_int8_target_publishes_symmetric_qdq_graph_beside_fp16(
+    tiny_bert, texts_file, calibration_file, build_dirs
+):
+    manifest = build(tiny_bert, "l4", validation=texts_file, calibration=calibration_file, **build_dirs)
     path = manifest.published["path"]
     graph = onnx.load(path + "/model.int8.onnx")
     ops = [n.op_type for n in graph.graph.node]
@@ -129,7 +133,7 @@ def test_decoder_on_gpu_target_validates_fp16_and_runs_on_onnxruntime(tiny_gpt2,
 
 
 @pytest.mark.gpu
-def test_engine_builds_validates_and_loads_on_gpu_host(tiny_bert, texts_file, build_dirs):
+def test_engine_builds_validates_and_loads_on_gpu_host(tiny_bert, texts_file, calibration_file, build_dirs):
     host, reason = gpu_host()
     if host is None:
         pytest.skip(f"no GPU engine build here: {reason}")
@@ -137,7 +141,7 @@ def test_engine_builds_validates_and_loads_on_gpu_host(tiny_bert, texts_file, bu
                    == host["compute_capability"]), None)  # fmt: skip
     if target is None:
         pytest.skip(f"no target for compute capability {host['compute_capability']} ({host['gpu']})")
-    manifest = build(tiny_bert, target, validation=texts_file, calibration=texts_file, **build_dirs)
+    manifest = build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **build_dirs)
     metrics = manifest.stage("engine").metrics
     assert metrics["status"] == "built" and metrics["host"]["tensorrt"] == host["tensorrt"]
     assert all(e["validation"]["cosine_min"] >= 0.99 for e in metrics["engines"].values())

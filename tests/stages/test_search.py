@@ -14,8 +14,9 @@ from pipeline.errors import AccuracyError, ArtifactError, TargetError
 from pipeline.reference import checkpoint_from_source, pytorch_outputs
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags, kernel_class
+from pipeline.stages.candidates import judge_candidates
 from pipeline.stages.search import _no_winner, choose
-from pipeline.targets import NATIVE, load_target, native_target
+from pipeline.targets import Accuracy, Candidate, load_target, native_target
 
 from ..conftest import REPO, SMALL_TEXTS, write_target
 
@@ -133,31 +134,84 @@ def test_openvino_artifact_loads_and_matches_pytorch(tiny_bert, texts_file, cali
     assert result.returncode != 0 and "pip install pipeline[openvino]" in result.stderr
 
 
+# The target each kernel class builds, written out rather than read from the table under test.
+EXPECTED_NATIVE = {"amx": "cpu-amx", "avx512-vnni": "cpu-avx512", "avx512": "cpu-avx2", "avx2": "cpu-avx2"}
+AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}
+
+
 def test_native_resolves_to_the_hosts_family():
-    assert load_target("native").name == NATIVE[kernel_class()]
-    amx = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_bf16", "amx_int8"}
+    if kernel_class() in EXPECTED_NATIVE:
+        assert load_target("native").name == EXPECTED_NATIVE[kernel_class()]
+    amx = AVX512 | {"avx512_vnni", "amx_bf16", "amx_int8"}
     assert kernel_class(frozenset(amx)) == "amx"
     assert kernel_class(frozenset(amx - {"amx_bf16", "amx_int8"})) == "avx512-vnni"
     assert kernel_class(frozenset({"avx2", "fma"})) == "avx2"
-    assert native_target("avx512-vnni") == "cpu-avx512"
+    assert {c: native_target(c) for c in EXPECTED_NATIVE} == EXPECTED_NATIVE
     with pytest.raises(TargetError, match="lacks AVX2 and FMA"):
         native_target(kernel_class(frozenset({"sse4_2"})))
 
 
+def test_native_target_of_an_avx512_host_without_vnni_is_cpu_avx2():
+    assert kernel_class(frozenset(AVX512)) == "avx512"
+    assert native_target(kernel_class(frozenset(AVX512))) == "cpu-avx2"
+
+
 def test_target_of_another_class_records_where_it_was_measured(tiny_bert, texts_file, calibration_file, tmp_path):
-    manifest = _build(tiny_bert, "cpu-amx", texts_file, calibration_file, tmp_path)
+    # The first CPU target whose kernel class is not this host's, whatever the host (AVX2, AVX-512 or AMX).
+    target = next(t for t in ("cpu-amx", "cpu-avx512", "cpu-avx2") if load_target(t).kernel_class != kernel_class())
+    spec = load_target(target)
+    manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
     published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
-    on_amx = kernel_class() == "amx"
-    assert published["measured_on"] == {"kernel_class": kernel_class(), "target_kernel_class": "amx", "matches": on_amx}
-    bf16 = next(r for r in published["candidates"] if r["name"] == "openvino-bf16")
-    assert (bf16["status"] == "skipped") == ("amx_bf16" not in (cpu_flags() or ()))
-    if not on_amx:
-        with pytest.raises(ArtifactError, match="lacks CPU flags .*amx"):
+    assert published["measured_on"] == {
+        "kernel_class": kernel_class(), "target_kernel_class": spec.kernel_class, "matches": False
+    }  # fmt: skip
+    flags = cpu_flags() or frozenset()
+    for row in published["candidates"]:
+        needs = next(c for c in spec.candidates if c.name == row["name"]).required_cpu_flags
+        assert (row["status"] == "skipped") == (not set(needs) <= flags), row["name"]
+    lacking = sorted(set(spec.required_cpu_flags) - flags)
+    if lacking:
+        with pytest.raises(ArtifactError, match=f"lacks CPU flags .*{lacking[0]}"):
             load(manifest.published["path"], strict=True)
 
 
-def test_target_whose_candidates_all_need_missing_flags_is_refused_naming_them(tiny_bert, texts_file, tmp_path):
+def test_target_whose_candidates_all_need_missing_flags_is_refused_naming_them(
+    tiny_bert, texts_file, calibration_file, tmp_path
+):
     only = [{**OPENVINO_FP32[0], "name": "needs-flag", "required_cpu_flags": ["no_such_flag"]}]
     target = write_target(tmp_path, "unbuildable", base="cpu-avx2", candidates=only)
     with pytest.raises(TargetError, match=r"lack.* \(no_such_flag\); .* or build cpu-"):
-        _build(tiny_bert, target, texts_file, texts_file, tmp_path)
+        _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+
+
+def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_failed_row(tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("NoSuchOperator", ["x"], ["y"], domain="no.such.domain")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)]
+    )
+    onnx.save(model, str(tmp_path / "refused.onnx"))
+    gate = Accuracy(cosine_min=0.99)
+
+    def make(candidate):
+        if candidate.name == "refused":
+            ort.InferenceSession(str(tmp_path / "refused.onnx"), providers=["CPUExecutionProvider"])
+        if candidate.name == "unreadable":
+            (tmp_path / "missing" / "model.onnx").read_bytes()
+        return "built", "model", {"cosine_min": 1.0}, gate, {}
+
+    rows, built = judge_candidates(
+        [Candidate(name, "onnxruntime", "fp32") for name in ("refused", "unreadable", "fine")],
+        frozenset(),
+        "test",
+        make,
+    )
+    assert [r["status"] for r in rows] == ["failed", "failed", "passed"] and list(built) == ["fine"]
+    refused, unreadable = rows[0]["reason"], rows[1]["reason"]
+    assert refused.startswith(("Fail: ", "InvalidGraph: ", "NotImplemented: ")) and "NoSuchOperator" in refused
+    assert unreadable.startswith("FileNotFoundError: [Errno 2]") and "\n" not in refused + unreadable

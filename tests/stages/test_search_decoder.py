@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest
+from pipeline.metrics import CHECKS, development_gate, failures
 from pipeline.runtime import load
 from pipeline.stages import checkpoint, export, optimize, search, search_decoder
 from pipeline.targets import load_target
@@ -53,6 +54,33 @@ def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(
     fp32 = rows[0]
     assert fp32["status"] == "passed" and fp32["teacher_top1_agreement"] == 1.0
     assert_chosen_is_the_fastest_that_passed_held_out(rows)
+
+
+def test_decoder_search_gates_greedy_continuations_on_the_development_split(searched):
+    metrics = searched.stage("search").metrics
+    target = load_target("cpu-avx2")
+    for row in metrics["candidates"]:
+        assert 0 <= row["greedy_prefix_agreement"] <= 1 and row["greedy_match"] in (0, 0.5, 1)  # 2 prompts
+        gate = development_gate(target.with_candidate(row["name"]).accuracy, metrics["development_examples"])
+        assert row["missed"] == failures({k: row[k] for k in CHECKS if k in row}, gate), row["name"]
+
+
+def test_a_decoder_candidate_whose_greedy_prefix_misses_on_the_development_split_falls_to_the_next(
+    searched, llama, texts_file, calibration_file, tmp_path
+):
+    [int4] = [r for r in searched.stage("search").metrics["candidates"] if r["name"] == "ort-int4-weights"]
+    measured = int4["greedy_prefix_agreement"]  # the same recipe as INT4, on the same development split
+    if measured == 1.0:
+        pytest.skip("int4 reproduces every greedy continuation of this tiny model: no prefix threshold it misses")
+    loose = {"teacher_top1_agreement": 0.0, "perplexity_ratio": 10.0, "greedy_match": 0.0, "top1_agreement": 0.0,
+             "max_probability_diff": 1.0}  # fmt: skip
+    gated = {**INT4, "accuracy": {**loose, "greedy_prefix_agreement": (1 + measured) / 2}}
+    target = write_target(tmp_path, "prefix", base="cpu-avx2", candidates=[FP32, gated])
+    manifest = _build(llama, target, texts_file, calibration_file, tmp_path)
+    rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
+    assert rows["int4"]["status"] == "missed" and rows["int4"]["greedy_prefix_agreement"] == measured
+    assert [m.split(" ")[0] for m in rows["int4"]["missed"]] == ["greedy_prefix_agreement"]
+    assert rows["fp32"]["chosen"] and manifest.published["path"]
 
 
 def test_a_candidates_block_size_is_the_block_size_of_its_graph(searched, tmp_path):

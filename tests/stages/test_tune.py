@@ -6,7 +6,9 @@ from pipeline.runtime import load
 from ..conftest import write_target
 
 
-def test_tune_records_fastest_candidate_and_loader_uses_it(tiny_bert, texts_file, build_dirs, tmp_path):
+def test_tune_records_fastest_candidate_and_loader_uses_it(
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+):
     target = write_target(
         tmp_path,
         "tuned",
@@ -14,7 +16,7 @@ def test_tune_records_fastest_candidate_and_loader_uses_it(tiny_bert, texts_file
         runtime__candidate_threads=[1, 2],
         runtime__candidate_execution_modes=["sequential", "parallel"],
     )
-    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     metrics = manifest.stage("tune").metrics
     assert len(metrics["tried"]) == 4
     best = min(metrics["tried"], key=lambda t: t["score"])
@@ -29,13 +31,13 @@ def test_tune_records_fastest_candidate_and_loader_uses_it(tiny_bert, texts_file
 
 
 def test_tune_never_tries_more_threads_than_the_host_has_and_load_caps_a_tuned_count(
-    tiny_bert, texts_file, build_dirs, tmp_path
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
 ):
     from pipeline.runtime.host import usable_cores
     from pipeline.runtime.load import session_settings
 
     target = write_target(tmp_path, "many", base="cpu-avx2-dynamic", runtime__candidate_threads=[1, 1024])
-    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=texts_file, **build_dirs)
+    manifest = build(tiny_bert, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     metrics = manifest.stage("tune").metrics
     assert [t["intra_op_threads"] for t in metrics["tried"]] == [1] and metrics["host_cores"] == usable_cores()
     built_elsewhere = {"session": {"intra_op_threads": usable_cores() + 8}}
