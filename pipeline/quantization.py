@@ -13,7 +13,6 @@ s_j = max|X_j|^alpha / max|W_j|^(1-alpha), from activation ranges on the calibra
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from pipeline.block_minimum import quantize_with_block_minimum
 from pipeline.errors import QuantizationError
 from pipeline.progress import progress
 from pipeline.quiet import silenced
+from pipeline.timing import alternate
 
 
 def quantizable_nodes(model, op_types) -> list:
@@ -207,12 +207,7 @@ def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
     """Median milliseconds of one run at batch 1 and at `batch`, on calibration text, for the report."""
     timings = {}
     for name, chunk in (("latency_ms_batch_1", texts[:1]), (f"latency_ms_batch_{batch}", texts[:batch])):
-        model.run(chunk)
-        runs = []
-        for _ in range(reps):
-            begun = time.perf_counter()
-            model.run(chunk)
-            runs.append((time.perf_counter() - begun) * 1000)
+        runs = alternate({name: model.run}, chunk, reps)[name]
         timings[name] = sorted(runs)[reps // 2]
     return timings
 

@@ -1,64 +1,9 @@
-"""What every benchmark shares: alternating timing, where results go, and what identifies a run."""
+"""What every benchmark shares: where results go, and what identifies a run (timing is pipeline/timing.py)."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-
-import numpy as np
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
-
-
-def median_range(values: list[float]) -> tuple[float, float, float]:
-    """(median, p10, p90) of a figure's runs."""
-    return float(np.median(values)), percentile(values, 10), percentile(values, 90)
-
-
-def time_alternating(runners: dict, feeds: dict, budget_s: float, min_reps: int, max_reps: int) -> dict:
-    """Run every variant in turn, repeatedly, after two warm-ups each; returns latencies in ms per variant."""
-    for run in runners.values():
-        run(feeds)
-        run(feeds)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    started = time.perf_counter()
-    while True:
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            run(feeds)
-            times[name].append((time.perf_counter() - t0) * 1000)
-        reps = len(next(iter(times.values())))
-        if reps >= max_reps or (reps >= min_reps and time.perf_counter() - started > budget_s):
-            return times
-
-
-def time_until_stable(runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10,
-                      budget_s: float = 60.0) -> dict:  # fmt: skip
-    """Rounds alternate between the variants (after two warm-ups each) until every variant's p10-p90 spread is
-    within `spread` of its median, or `max_rounds`, or (past `min_rounds`) `budget_s` seconds; returns
-    {variant: {"ms": [...], "noisy": bool}}."""
-    for run in runners.values():
-        run(feeds)
-        run(feeds)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    started = time.perf_counter()
-    for rounds in range(1, max_rounds + 1):
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            run(feeds)
-            times[name].append((time.perf_counter() - t0) * 1000)
-        stable = all(relative_spread(v) <= spread for v in times.values())
-        if rounds >= min_rounds and (stable or time.perf_counter() - started > budget_s):
-            break
-    return {name: {"ms": values, "noisy": relative_spread(values) > spread} for name, values in times.items()}
-
-
-def relative_spread(values: list[float]) -> float:
-    """(p90 - p10) / median: how far a figure moved between rounds."""
-    return (percentile(values, 90) - percentile(values, 10)) / max(float(np.median(values)), 1e-12)
 
 
 def host_summary(threads: int) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bench import serving
-from pipeline.bench.common import bench_folder, identity, percentile, time_alternating, time_until_stable, write_results
+from pipeline.bench.common import bench_folder, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.progress import progress
@@ -24,6 +24,7 @@ from pipeline.reference import checkpoint_from_source, encoder_runner
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session
 from pipeline.runtime.encoder import Model
+from pipeline.timing import percentile, time_alternating, time_until_stable, token_rows
 
 BATCH_SIZES = (1, 8, 32)
 SEQ_LENS = (16, 128, 512)
@@ -31,21 +32,6 @@ PYTORCH = "pytorch-fp32"
 PYTORCH_BF16 = "pytorch-bf16"
 OPENVINO_DEFAULT = "openvino-default"
 ARTIFACT = "artifact"
-
-
-def token_rows(model: Model, texts: list[str], batch: int, length: int) -> dict:
-    """`batch` rows of exactly `length` real tokens, cut from the concatenated validation text."""
-    stream = [i for e in model.tokenizer.encode_batch(texts, add_special_tokens=False) for i in e.ids]
-    if len(stream) < batch * length:
-        stream = stream * (batch * length // max(len(stream), 1) + 1)
-    cls_sep = model.tokenizer.encode("", add_special_tokens=True).ids
-    rows = []
-    for row in range(batch):
-        body = stream[row * (length - 2) : (row + 1) * (length - 2)]
-        rows.append(cls_sep[:1] + body + cls_sep[1:] if len(cls_sep) == 2 else (cls_sep + body)[:length])
-    ids = np.asarray(rows, dtype=np.int64)
-    arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    return {name: arrays[name] for name in model.input_names}
 
 
 def _mixed_texts(texts: list[str], count: int = 32) -> list[str]:

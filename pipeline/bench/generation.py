@@ -18,65 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import bench_folder, identity, percentile, write_results
+from pipeline.bench.common import bench_folder, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.metrics import teacher_forced_stats, teacher_outputs
-from pipeline.progress import progress
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
+from pipeline.timing import ARTIFACT, PYTORCH, artifact_runner, generation_speed
 
-PYTORCH = "pytorch-generate"
-ARTIFACT = "artifact"
 ACCURACY_TEXTS = 32  # held-out texts the accuracy table is measured on (the decoder gate's default prompt count)
-
-
-def artifact_runner(model):
-    """run(batch, n) -> the perf_counter time its first tokens were chosen: the artifact's greedy generation of
-    exactly n tokens per prompt, through the events generate() collects (no text is decoded per step)."""
-    settings = {"do_sample": False}
-
-    def run(batch: list[str], n: int) -> float:
-        settings.update(max_new_tokens=n, min_new_tokens=n)
-        first = None
-        for _ in model._events(batch, len(batch), None, settings, "generate()", texts=False)[1]:
-            first = first or time.perf_counter()
-        return first
-
-    return run
-
-
-def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens: int, reps: int = 3) -> dict:
-    """TTFT (ms) and decode tokens/s of each runner at each batch size, medians over `reps` alternating rounds,
-    with each runner's ratio to PyTorch where it is among them. A runner is run(batch, n) -> the perf_counter time
-    at which its first new tokens were chosen; TTFT and decode rate are taken from the same run."""
-    results = {}
-    for size in progress(batch_sizes, "generation speed: batch sizes"):
-        batch = (prompts * (size // len(prompts) + 1))[:size]
-        for run in runners.values():
-            run(batch, 2)  # warm-up
-        first = {name: [] for name in runners}
-        rates = {name: [] for name in runners}
-        for _ in range(reps):
-            for name, run in runners.items():
-                started = time.perf_counter()
-                chosen = run(batch, new_tokens)
-                ended = time.perf_counter()
-                first[name].append(chosen - started)
-                rates[name].append(size * (new_tokens - 1) / max(ended - chosen, 1e-9))
-        row = {}
-        for name in runners:
-            row[name] = {"ttft_ms": statistics.median(first[name]) * 1000,
-                         "decode_tokens_per_s": statistics.median(rates[name]),
-                         "ttft_range_ms": [1000 * percentile(first[name], q) for q in (10, 90)],
-                         "decode_range_tokens_per_s": [percentile(rates[name], q) for q in (10, 90)]}  # fmt: skip
-        if PYTORCH in row:
-            base = row[PYTORCH]
-            for values in row.values():
-                values["ttft_speedup"] = base["ttft_ms"] / values["ttft_ms"]
-                values["decode_speedup"] = values["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-        results[f"batch_{size}"] = row
-    return {"new_tokens": new_tokens, "prompts": len(prompts), "reps": reps, "batches": results}
 
 
 class _TimedSession:

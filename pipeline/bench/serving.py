@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import percentile
 from pipeline.progress import progress
+from pipeline.timing import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 TRITON_ENV = REPO / ".venv-triton"

@@ -27,11 +27,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import shutil
-import time
 from pathlib import Path
 
 from pipeline.architectures import architecture_of
-from pipeline.bench.common import median_range
 from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
@@ -45,6 +43,7 @@ from pipeline.stages.quantize import calibration_texts, development_split, int8_
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
+from pipeline.timing import alternate, median_range, relative_scores, token_rows
 
 VERSION = 9
 SEQUENCE = 128
@@ -149,8 +148,6 @@ def _build(manifest, target, candidate: Candidate, work: Path, texts: dict, refe
 
 def _workloads(model, texts: list, batch: int) -> dict:
     """The feeds of each timed shape: rows of SEQUENCE tokens at batch 1 and `batch`, and a mixed-length batch."""
-    from pipeline.bench.encoder import token_rows
-
     length = min(SEQUENCE, model.max_length)
     by_length = sorted(texts, key=len)
     mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
@@ -171,14 +168,8 @@ def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
                 return model.run(work, batch_size=batch)
             return model.session.run([model.output_name], {k: work[k] for k in model.input_names})
 
-        runs = {name: [] for name in models}
-        for model in models.values():
-            once(model)
-        for _ in range(reps):
-            for name, model in models.items():
-                started = time.perf_counter()
-                once(model)
-                runs[name].append((time.perf_counter() - started) * 1000)
+        runners = {name: (lambda _, model=model: once(model)) for name, model in models.items()}
+        runs = alternate(runners, None, reps)
         for name in models:
             timings[name][shape] = [round(v, 3) for v in median_range(runs[name])]
     return timings
@@ -186,10 +177,10 @@ def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
 
 def _score(rows: list[dict]) -> None:
     """Each timed row's score: its latency relative to the fastest timed candidate, averaged over the shapes."""
-    timed = [r for r in rows if r.get("latency_ms")]
-    for row in timed:
-        shapes = row["latency_ms"]
-        row["score"] = round(sum(shapes[s] / min(r["latency_ms"][s] for r in timed) for s in shapes) / len(shapes), 3)
+    timed = {r["name"]: r for r in rows if r.get("latency_ms")}
+    scores = relative_scores({name: r["latency_ms"] for name, r in timed.items()})
+    for name, row in timed.items():
+        row["score"] = round(scores[name], 3)
 
 
 def choose(rows: list[dict], held_out=None) -> dict | None:

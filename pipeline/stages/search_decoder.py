@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import median_range
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.progress import progress
@@ -34,6 +33,7 @@ from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
+from pipeline.timing import median_range
 
 PROMPT = 128
 DECODE_STEPS = 16

@@ -1,4 +1,4 @@
-"""Stage: tune the ONNX Runtime session on the build host.
+"""The tune stage: the ONNX Runtime session on the build host.
 
 Times the validated graph under each candidate thread count and execution mode of the target, at batch 1 and at
 the target's batch size (decoders: a short greedy generation at the target's generation batch sizes),
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
-import time
 
 from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts
@@ -19,6 +18,7 @@ from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
 from pipeline.targets import Target
+from pipeline.timing import alternate, relative_scores
 
 VERSION = 2
 
@@ -67,19 +67,13 @@ def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     workloads = {f"batch_{n}": texts[:n] for n in sizes}
     tried = [{**c, "ms": {}} for c in candidates]
     for name, batch in workloads.items():
-        for model in models:
-            work(model, batch)  # warm-up
-        times = [[] for _ in models]
-        for _ in range(REPS):
-            for index, model in enumerate(models):
-                started = time.perf_counter()
-                work(model, batch)
-                times[index].append((time.perf_counter() - started) * 1000)
-        for entry, values in zip(tried, times, strict=True):
-            entry["ms"][name] = statistics.median(values)
-    # Each workload weighs the same: a candidate's score is its latency relative to the best at that workload.
-    for entry in tried:
-        entry["score"] = sum(entry["ms"][w] / min(t["ms"][w] for t in tried) for w in workloads) / len(workloads)
+        runners = {index: (lambda b, model=model: work(model, b)) for index, model in enumerate(models)}
+        times = alternate(runners, batch, REPS)
+        for index, entry in enumerate(tried):
+            entry["ms"][name] = statistics.median(times[index])
+    scores = relative_scores({index: entry["ms"] for index, entry in enumerate(tried)})
+    for index, entry in enumerate(tried):
+        entry["score"] = scores[index]
     best = min(tried, key=lambda e: e["score"])
     return {
         "best": {k: best[k] for k in ("intra_op_threads", "execution_mode")},

@@ -57,7 +57,7 @@ STAGE = StageSpec(
 
 
 def _generation_reference(manifest: Manifest, target: Target, texts: list, candidate) -> tuple[dict, dict]:
-    from pipeline.bench.generation import ARTIFACT, PYTORCH, artifact_runner, generation_speed
+    from pipeline.timing import ARTIFACT, PYTORCH, artifact_runner, generation_speed
 
     checkpoint = manifest.checkpoint
     tokenizer, model = load_hf_tokenizer(checkpoint), load_torch_model(checkpoint)

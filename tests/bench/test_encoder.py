@@ -55,7 +55,7 @@ def test_calibration_memory_reports_each_count(published):
 def test_time_until_stable_marks_a_deliberately_noisy_variant_noisy():
     import time
 
-    from pipeline.bench.common import time_until_stable
+    from pipeline.timing import time_until_stable
 
     calls = {"n": 0}
 

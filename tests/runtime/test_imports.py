@@ -80,3 +80,13 @@ def test_no_import_cycle_between_modules():
         if node not in state:
             visit(node, [node])
     assert not cycle, cycle
+
+
+def test_no_stage_imports_the_benchmarks():
+    offenders = [
+        f"{path.relative_to(PIPELINE)}: {name}"
+        for path in sorted((PIPELINE / "stages").rglob("*.py"))
+        for name in _imports(path)
+        if name == "pipeline.bench" or name.startswith("pipeline.bench.")
+    ]
+    assert not offenders, offenders
