@@ -351,8 +351,14 @@ def export_triton(artifact, out_dir, name, variants, python_env) -> None:  # fmt
 @click.option("--address", default=None, help="an existing Ray cluster (ray://host:10001); default: a local one")
 @click.option("--port", type=int, default=8000, show_default=True, help="HTTP port on 127.0.0.1")
 @click.option("--threads", type=int, default=None, help="session threads per replica (default: CPUs // replicas)")
-def serve(artifact, replicas, address, port, threads) -> None:
-    """Serve ARTIFACT over HTTP as a Ray Serve application: POST {"texts": [...]} to it."""
+@click.option("--max-body-bytes", type=int, default=None, help="largest request body; larger gets 413 (default: 1 MiB)")
+@click.option("--max-texts", type=int, default=None, help="most texts a request; more gets 400 (default: 256)")
+def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts) -> None:
+    """Serve ARTIFACT over HTTP on 127.0.0.1 as a Ray Serve application: POST {"texts": [...]} to it. Every
+    process it starts listens on loopback only (docs/serving.md: what is exposed, and how to expose it)."""
     from pipeline.serving.ray_serve import serve_forever
 
-    serve_forever(artifact, replicas=replicas, address=address, port=port, threads=threads)
+    serve_forever(
+        artifact, replicas=replicas, address=address, port=port, threads=threads,
+        max_body_bytes=max_body_bytes, max_texts=max_texts,
+    )  # fmt: skip

@@ -1,9 +1,14 @@
 """An artifact as a Ray Serve application (`pipeline serve ARTIFACT [--replicas N] [--address ray://...]`).
 
 Each replica loads the artifact once (verified at load) and batches concurrent requests with @serve.batch; HTTP
-is served by Ray's proxy on a loopback port. The request is JSON `{"texts": [...]}`; the answer is
+is served by Ray's proxy on a loopback port. The request is a POST of JSON `{"texts": [...]}`; the answer is
 `{"embeddings": ...}` (feature-extraction), `{"logits": ...}` (classifiers) or `{"completions": [...]}` (decoders).
-A bad request gets HTTP 400 with a message, and the replica keeps serving.
+A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts (a batch that fails on one request's
+input is retried request by request, so only that request gets the 400), 413 for a body over `max_body_bytes`,
+405 for any method but POST; the replica keeps serving.
+
+Exposure: a local instance runs every Ray process on 127.0.0.1 with Ray's token authentication on (a token made
+for the instance, kept in its environment); docs/serving.md lists what listens where.
 
 Cores: each replica's session runs `threads` intra-op threads and reserves as many CPUs from Ray, and
 threads = floor(CPUs / replicas) unless given, so replicas x threads never exceeds the CPUs (of this host, or of
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import time
 from urllib.parse import urlparse
@@ -23,6 +29,9 @@ from pipeline.errors import InputError, ServingError
 APP = "pipeline"
 ROUTE = "/"
 CONNECT_TIMEOUT_S = 5.0
+MAX_BODY_BYTES = 1 << 20
+MAX_TEXTS = 256
+_USAGE = 'POST JSON {"texts": ["a text", ...]}'
 
 
 def replica_threads(replicas: int, cpus: int, threads: int | None = None) -> int:
@@ -58,19 +67,119 @@ def answer_key(task: str) -> str:
     return {"feature-extraction": "embeddings", "text-generation": "completions"}.get(task, "logits")
 
 
+def check_limit(value, option: str) -> int:
+    """A request limit: a positive int, else an InputError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{option} {value!r}: pass a positive whole number")
+    return value
+
+
+_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a boolean", int: "a number", float: "a number"}
+
+
+def _json_kind(value) -> str:
+    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def read_texts(body: bytes, max_texts: int = MAX_TEXTS) -> list[str]:
+    """The texts of a request body `{"texts": [...]}`, else a one-line InputError saying what was wrong and how
+    to send it."""
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        raise InputError(f"the request's JSON nests too deeply; {_USAGE}") from None
+    except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
+        raise InputError(f"the request is not JSON ({err}); {_USAGE}") from None
+    if not isinstance(payload, dict) or "texts" not in payload:
+        raise InputError(f'the request has no "texts"; {_USAGE}')
+    texts = payload["texts"]
+    if isinstance(texts, str):
+        raise InputError('"texts" is a single string; send a list of strings: {"texts": ["a text"]}')
+    if not isinstance(texts, list):
+        raise InputError(f'"texts" is {_json_kind(texts)}; {_USAGE}')
+    if not texts:
+        raise InputError('"texts" is an empty list; send at least one text')
+    if len(texts) > max_texts:
+        raise InputError(
+            f'"texts" holds {len(texts)} texts, over the limit of {max_texts} a request (max_texts, '
+            "`pipeline serve --max-texts`); split them across requests"
+        )
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f'"texts" entry {i} is {_json_kind(text)}, not str; send text only')
+        if not text.strip():
+            raise InputError(f'"texts" entry {i} is empty; send text in every entry')
+    from pipeline.runtime.text import check_texts
+
+    return check_texts(texts, "request")
+
+
+async def read_body(request, max_body_bytes: int) -> bytes:
+    """A starlette request's body, else an InputError once it is over `max_body_bytes` (read no further)."""
+    too_large = InputError(
+        f"the request body is over the limit of {max_body_bytes} bytes (max_body_bytes, "
+        "`pipeline serve --max-body-bytes`); send fewer or shorter texts a request"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bind_replica_grpc_to_node_ip() -> None:
+    """Make this replica's inter-deployment gRPC server listen on the node's IP (127.0.0.1 for a local instance)
+    rather than on every interface. Call it in the replica before Ray starts that server.
+
+    Ray 2.60 binds that server to [::]:0, with no setting to change it, and its handler unpickles request
+    metadata: reachable from the network, one request runs code on the host. Peers dial it at the node's IP,
+    which is the address it keeps here; Ray's TLS (RAY_USE_TLS) still applies, as Ray's own helper binds it."""
+    import ray
+    from ray.serve._private import replica
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None:
+        raise ServingError(
+            f"Ray {ray.__version__} no longer binds the replica's gRPC server where pipeline keeps it on the "
+            "node's IP; install the Ray of the `serve` extra (pip install 'pipeline[serve]')"
+        )
+    if getattr(bind, "pipeline_node_ip", False):
+        return
+    host = ray.util.get_node_ip_address()
+    host = f"[{host}]" if ":" in host else host
+
+    def on_node_ip(server, address: str):
+        if address.startswith(("[::]:", "0.0.0.0:")):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return bind(server, address)
+
+    on_node_ip.pipeline_node_ip = True
+    replica.add_port_to_grpc_server = on_node_ip
+
+
 def _deployment():
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
+    def error(status: int, err: Exception, **headers) -> JSONResponse:
+        return JSONResponse({"error": str(err).splitlines()[0]}, status_code=status, headers=headers or None)
+
     class ArtifactReplica:
         """One replica: the artifact loaded once, requests batched across callers."""
 
-        def __init__(self, artifact: str, threads: int, max_batch_size: int, wait_s: float):
+        def __init__(self, artifact: str, threads: int, max_batch_size: int, wait_s: float, limits: dict):
             from pipeline.runtime import load
 
+            bind_replica_grpc_to_node_ip()
             self.model = load(artifact, intra_op_threads=threads)
             self.key = answer_key(self.model.task)
+            self.limits = limits
             self.batched.set_max_batch_size(max_batch_size)
             self.batched.set_batch_wait_timeout_s(wait_s)
 
@@ -78,13 +187,26 @@ def _deployment():
             if self.model is None:
                 raise RuntimeError("the artifact is not loaded")
 
+        def run(self, texts: list[str]) -> list:
+            if self.key == "completions":
+                return [c.text for c in self.model.generate(texts)]
+            return self.model.run(texts).tolist()
+
+        def run_alone(self, texts: list[str]):
+            """One request's results, or the InputError its own input raised."""
+            try:
+                return self.run(texts)
+            except InputError as err:
+                return err
+
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
         async def batched(self, calls: list[list[str]]) -> list:
-            texts = [text for call in calls for text in call]
-            if self.key == "completions":
-                results = [c.text for c in self.model.generate(texts)]
-            else:
-                results = self.model.run(texts).tolist()
+            # One request's bad input (an overlong text) fails the whole batch: each is then run alone, so that
+            # only the request at fault gets its InputError, as pipeline.runtime.batcher does.
+            try:
+                results = self.run([text for call in calls for text in call])
+            except InputError as err:
+                return [err] if len(calls) == 1 else [self.run_alone(call) for call in calls]
             answers, start = [], 0
             for call in calls:
                 answers.append(results[start : start + len(call)])
@@ -92,46 +214,79 @@ def _deployment():
             return answers
 
         async def __call__(self, request: Request):
-            from pipeline.errors import InputError
-            from pipeline.runtime.text import check_texts
-
+            if request.method != "POST":
+                return error(405, InputError(f"{request.method} is not served here; {_USAGE}"), Allow="POST")
             try:
-                body = json.loads(await request.body())
-                texts = body["texts"] if isinstance(body, dict) and "texts" in body else None
-                if texts is None:
-                    raise InputError('the request must be JSON {"texts": ["a text", ...]}')
-                texts = check_texts(texts, "request")
-                empty = [i for i, text in enumerate(texts) if not text.strip()]
-                if empty:
-                    raise InputError(f"request input {empty[0]} is empty; send text in every entry")
-            except (ValueError, InputError) as err:
-                return JSONResponse({"error": str(err).splitlines()[0]}, status_code=400)
-            return {self.key: await self.batched(list(texts))}
+                body = await read_body(request, self.limits["max_body_bytes"])
+            except InputError as err:
+                return error(413, err)
+            try:
+                texts = read_texts(body, self.limits["max_texts"])
+            except InputError as err:
+                return error(400, err)
+            answer = await self.batched(texts)
+            if isinstance(answer, InputError):
+                return error(400, answer)
+            return {self.key: answer}
 
     return ArtifactReplica
 
 
+def _local_ray_environment(env=os.environ) -> None:
+    """Settings for the Ray instance this process starts, for it and every process it starts: all on 127.0.0.1,
+    and a token for Ray's token authentication, made for the instance and kept in the environment rather than
+    written to ~/.ray."""
+    # On Linux this makes Ray take 127.0.0.1 as the node's IP, which GCS, the raylet and the workers bind.
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # Ray turns token authentication on for a new local instance unless RAY_AUTH_MODE says otherwise; setting
+    # the mode here would leave a process that imported ray earlier on its cached mode.
+    if not env.get("RAY_AUTH_TOKEN") and not env.get("RAY_AUTH_TOKEN_PATH"):
+        env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    env.pop("RAY_ADDRESS", None)
+
+
+def _ray_init(address: str | None) -> None:
+    """ray.init: joins the cluster at `address`, or starts a local instance whose node IP is 127.0.0.1."""
+    import ray
+    from ray._private import ray_constants
+
+    # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, at import; a process that imported ray before
+    # _local_ray_environment ran would take the host's network address as the node IP, which every Ray process
+    # then binds. The node IP is fixed once ray.init has made the node.
+    cluster = ray_constants.ENABLE_RAY_CLUSTER
+    if not address:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        # "local": a new instance even where `ray start` left one running, which address=None would join.
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
+
+
 def deploy(artifact, replicas: int = 1, address: str | None = None, port: int = 8000, threads: int | None = None,
-           max_batch_size: int | None = None, wait_ms: float = 2.0) -> str:  # fmt: skip
+           max_batch_size: int | None = None, wait_ms: float = 2.0, max_body_bytes: int | None = None,
+           max_texts: int | None = None) -> str:  # fmt: skip
     """Deploy `artifact` on a local Ray instance (or the cluster at `address`); returns the HTTP URL once every
-    replica runs. Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
+    replica runs. A request's body is refused over `max_body_bytes` (default 1 MiB), its texts over `max_texts`
+    (default 256). Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
     from pipeline.runtime import verify_artifact
     from pipeline.serving.triton_server import check_port_free
 
+    limits = {
+        "max_body_bytes": check_limit(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes, "--max-body-bytes"),
+        "max_texts": check_limit(MAX_TEXTS if max_texts is None else max_texts, "--max-texts"),
+    }
     manifest = verify_artifact(artifact)
     if address:
         check_reachable(address)
     else:
         check_port_free(port)
-        # A local instance stays on loopback and writes no auth token to ~/.ray.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.pop("RAY_ADDRESS", None)
+        _local_ray_environment()
     import ray
     from ray import serve
 
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        _ray_init(address)
     threads = replica_threads(replicas, int(ray.available_resources().get("CPU", 0)), threads)
     batch = max_batch_size or int(manifest["model"]["batch_size"])
     options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": threads},
@@ -139,7 +294,7 @@ def deploy(artifact, replicas: int = 1, address: str | None = None, port: int = 
     replica = serve.deployment(_deployment(), name="artifact", **options)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(replica.bind(str(artifact), threads, batch, wait_ms / 1000), name=APP, route_prefix=ROUTE)
+        serve.run(replica.bind(str(artifact), threads, batch, wait_ms / 1000, limits), name=APP, route_prefix=ROUTE)
     except RuntimeError as err:
         raise ServingError(f"Ray Serve could not deploy {artifact}: {str(err).splitlines()[0]}") from None
     return f"http://127.0.0.1:{port}{ROUTE}"
