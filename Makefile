@@ -17,13 +17,14 @@ TARGET ?= native
 MODEL ?=
 NAME ?=
 CALIBRATION ?=
+CLUSTER ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
 .PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 genai-models
 
 build: $(STAMP)
-	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
+	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)") $(if $(CLUSTER),--cluster "$(CLUSTER)")
 
 # The artifact's name: NAME, else the checkpoint folder's name (as `pipeline build` derives it: lower case, each run of
 # other characters than a-z 0-9 . _ - made one "-"), else the default. Values with spaces are quoted where used.

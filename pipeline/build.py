@@ -88,11 +88,13 @@ def build(
     calibration: str | Path = DEFAULT_CALIBRATION,
     targets_dir: str | Path = TARGETS_DIR,
     on_stage=None,
+    until: str | None = None,
 ) -> Manifest:
     """Build, validate and publish one model for one target; returns the final manifest.
 
     `model` is a local Hugging Face checkpoint folder (default: the packaged all-MiniLM-L6-v2). `on_stage`, if
-    given, is called with each StageRecord as it finishes.
+    given, is called with each StageRecord as it finishes. `until` names a stage after which to stop, publishing
+    nothing: a fleet runs the host-independent stages ("optimize" and before) anywhere, caching them for the rest.
     """
     spec = load_target(target, Path(targets_dir))
     if spec.engine == "tensorrt" and spec.device != "gpu":
@@ -131,5 +133,7 @@ def build(
         if on_stage and len(manifest.stages) > count:
             on_stage(manifest.stages[-1])
         faults.point(f"after-{stage_name}")
+        if stage_name == until:
+            return manifest
     manifest.published["seconds"] = round(time.perf_counter() - started, 2)
     return manifest

@@ -54,8 +54,14 @@ def main(quiet: bool, verbose: bool) -> None:
 @click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
 @click.option("--validation", default=None, help="held-out text for validation (default: data/validation.txt)")
 @click.option("--calibration", default=None, help="calibration text (default: data/calibration.txt)")
-def build(model, target, name, task, artifacts_dir, cache_dir, validation, calibration) -> None:
-    """Build, validate and publish MODEL for TARGET."""
+@click.option("--models", "models_file", default=None, help="a fleet: a file of checkpoint folders, one a line")
+@click.option(
+    "--targets", "target_list", default=None, help="a fleet: targets, comma-separated (e.g. cpu-avx2,cpu-amx)"
+)
+@click.option("--cluster", default=None, help="a Ray cluster (ray://host:10001 or host:6379) to run the fleet on")
+def build(model, target, name, task, artifacts_dir, cache_dir, validation, calibration, models_file, target_list,
+          cluster) -> None:  # fmt: skip
+    """Build, validate and publish MODEL for TARGET (or, with --models/--targets/--cluster, a fleet of builds)."""
     from pipeline.build import build as run_build
     from pipeline.targets import load_target
 
@@ -65,6 +71,9 @@ def build(model, target, name, task, artifacts_dir, cache_dir, validation, calib
         "validation": validation,
         "calibration": calibration,
     }
+    if models_file or target_list or cluster:
+        _fleet(model, target, models_file, target_list, cluster, {k: v for k, v in options.items() if v})
+        return
 
     from pipeline.runtime.host import kernel_class
 
@@ -262,6 +271,34 @@ def targets(targets_dir) -> None:
         click.echo(f"error: {problem}", err=True)
     if broken:
         sys.exit(TargetError.exit_code)
+
+
+def _fleet(model, target, models_file, target_list, cluster, options: dict) -> None:
+    from pipeline.fleet import fleet, fleet_table, read_models
+
+    models = read_models(models_file) if models_file else [model] if model else []
+    if not models:
+        raise click.UsageError("a fleet needs --models FILE (or --model FOLDER)")
+    targets = [t.strip() for t in (target_list or target).split(",") if t.strip()]
+    rows = fleet(models, targets, cluster, **options)
+    click.echo(fleet_table(rows))
+    if any(r["status"] == "failed" for r in rows):
+        sys.exit(1)
+
+
+@main.command(name="host")
+@click.option("--ray-resources", "ray_resources", is_flag=True, help="print the `ray start` line for this host")
+@click.option("--head", default=None, help="with --ray-resources: the head's address to join (host:6379)")
+def host(ray_resources, head) -> None:
+    """Describe this host: its kernel class and flags, or the `ray start` line that joins it to a fleet."""
+    from pipeline.runtime.host import cpu_model, kernel_class
+
+    if ray_resources:
+        from pipeline.fleet import ray_start_line
+
+        click.echo(ray_start_line(head))
+        return
+    click.echo(f"{cpu_model()}: kernel class {kernel_class()}")
 
 
 @main.command(name="check")
