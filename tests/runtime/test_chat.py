@@ -91,6 +91,38 @@ def test_render_chats_text_and_ids_equal_transformers_apply_chat_template(chat_c
     assert _runtime_ids(spec, folder.parent / f"{style}-runtime" / "tokenizer.json", [conversation]) == [expected]
 
 
+# Zephyr's template leans on trim_blocks and lstrip_blocks (one block per line, no whitespace control).
+ZEPHYR = """{% for message in messages %}
+{% if message['role'] == 'user' %}
+{{ '<|user|>\n' + message['content'] + eos_token }}
+{% elif message['role'] == 'system' %}
+{{ '<|system|>\n' + message['content'] + eos_token }}
+{% elif message['role'] == 'assistant' %}
+{{ '<|assistant|>\n'  + message['content'] + eos_token }}
+{% endif %}
+{% if loop.last and add_generation_prompt %}
+{{ '<|assistant|>' }}
+{% endif %}
+{% endfor %}"""
+# What else transformers gives templates: tojson with its options (no HTML escaping), loop controls, the
+# {% generation %} tag, strftime_now, and tools and documents as None.
+FEATURES = """{% for message in messages %}
+    {% if loop.index0 == 3 %}{% break %}{% endif %}
+    {% generation %}{{ message | tojson(indent=1, sort_keys=True) }}<&>{% endgeneration %}
+{% endfor %}
+{{ strftime_now('%Y') }} {{ tools is none }} {{ documents is none }} {{ eos_token }}"""
+
+
+@pytest.mark.parametrize("template", [ZEPHYR, FEATURES], ids=["zephyr", "features"])
+def test_render_chats_equals_transformers_on_whitespace_rules_and_template_globals(tiny_gpt2, template):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_gpt2)
+    tokenizer.chat_template = template
+    spec = {"chat_template": chat_template_spec(tokenizer)}
+    for conversation in [*CONVERSATIONS.values(), TOOL_TURNS]:
+        [text] = render_chats(spec, [conversation])
+        assert text == tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
 def test_chat_ids_hold_the_templates_bos_once_and_none_where_it_writes_none(chat_checkpoints):
     conversation = CONVERSATIONS["user"]
     for style, bos_count in (("gemma", 1), ("smollm2", 0)):  # the tiny llama tokenizer adds <s> to plain text
