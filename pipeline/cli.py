@@ -209,8 +209,10 @@ def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai)
 @click.option("--top-p", type=float, default=None)
 @click.option("--seed", type=int, default=None, help="makes sampling repeatable")
 @click.option("--stop", multiple=True, help="a string that ends the text (repeatable)")
-def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop) -> None:
-    """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come."""
+@click.option("--chat", is_flag=True, help="send each prompt as one user message through the chat template")
+def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat) -> None:
+    """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come. With --chat, each
+    prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need)."""
     from pipeline.runtime import load
 
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -221,7 +223,8 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
     # One prompt at a time, so that each one's text streams out whole before the next begins. The prompt comes
     # first (dimmed on a terminal; click drops the style elsewhere), the continuation after it.
     started = set()
-    for event in model.stream(list(prompts), batch_size=1, seed=seed, **settings):
+    inputs = {"messages": [[{"role": "user", "content": p}] for p in prompts]} if chat else {"prompts": list(prompts)}
+    for event in model.stream(batch_size=1, seed=seed, **inputs, **settings):
         if event.index not in started:
             started.add(event.index)
             if len(prompts) > 1:
@@ -229,7 +232,7 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
                     ("\n" if event.index else "")
                     + click.style(f"--- prompt {event.index + 1} of {len(prompts)}", bold=True)
                 )
-            click.echo(click.style(prompts[event.index], dim=True), nl=False)
+            click.echo(click.style(prompts[event.index], dim=True), nl=chat)  # a reply starts on its own line
         click.echo(event.text, nl=False)
         if event.finish_reason:
             click.echo(f"\n[{event.finish_reason}]")

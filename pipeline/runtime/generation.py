@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.backends.onnxruntime import open_session
+from pipeline.runtime.chat import ChatPrompts, chat_prompts
 from pipeline.runtime.kv_cache import Decoding, last_logits, padded, position_ids
 from pipeline.runtime.sampling import CONTEXT_TOKENS, Detokenizer, Sampling, choose_tokens, is_int, setting_problems
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
@@ -82,9 +83,11 @@ class Generator:
         self.past_shapes = {name: (int(shapes[name][1]), int(shapes[name][3])) for name in self.past_names}
 
     def encode(self, prompts, call: str = "generate()") -> list:
-        """Tokenize prompts with the Rust tokenizer (special tokens such as BOS added as the checkpoint does)."""
+        """Tokenize prompts with the Rust tokenizer (special tokens such as BOS added as the checkpoint does, except
+        to rendered chats, which hold the ones their template puts in)."""
+        special = not isinstance(prompts, ChatPrompts)
         prompts = check_texts(prompts, call)
-        encodings = self.tokenizer.encode_batch(prompts)
+        encodings = self.tokenizer.encode_batch(prompts, add_special_tokens=special)
         for i, enc in enumerate(encodings):
             if not enc.ids:
                 raise InputError(
@@ -190,7 +193,9 @@ class Generator:
             return frozenset()
         return frozenset(int(t) for t in ids)
 
-    def stream(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> Iterator[Token]:
+    def stream(
+        self, prompts=None, batch_size: int | None = None, seed: int | None = None, *, messages=None, **settings
+    ) -> Iterator[Token]:
         """Generate for each prompt, yielding a Token event per prompt per step as soon as it is chosen. Bad
         arguments raise InputError here, before the first token.
 
@@ -201,7 +206,11 @@ class Generator:
         `batch_size`, padded; with more prompts than that (and batches of more than one), the batches are
         formed shortest prompts first, so that each pads as little as it can, and each event names its prompt by
         `index`.
+
+        `messages`, in place of prompts, is a list of conversations (each a list of {"role", "content"} dicts),
+        rendered with the checkpoint's chat template, ready for the assistant's reply.
         """
+        prompts = chat_prompts(self.spec, prompts, messages, "stream()")
         return self._events(prompts, batch_size, seed, settings, "stream()")[1]
 
     def _events(self, prompts, batch_size, seed, settings: dict, call: str, texts: bool = True):
@@ -264,8 +273,12 @@ class Generator:
             # Rows that have ended keep a place in the batch, fed padding, as transformers does.
             logits = state.step(chosen if all(live) else np.where(live, chosen, self.pad_id))
 
-    def generate(self, prompts, batch_size: int | None = None, seed: int | None = None, **settings) -> list:
-        """Generate for each prompt; returns one Completion per prompt, in order. Takes the settings of `stream`."""
+    def generate(
+        self, prompts=None, batch_size: int | None = None, seed: int | None = None, *, messages=None, **settings
+    ) -> list:
+        """Generate for each prompt (or conversation of `messages`); returns one Completion per prompt, in order.
+        Takes the settings of `stream`."""
+        prompts = chat_prompts(self.spec, prompts, messages, "generate()")
         rows, events = self._events(prompts, batch_size, seed, settings, "generate()", texts=False)
         pieces: dict[int, list[str]] = {}
         tokens: dict[int, list[int]] = {}

@@ -25,6 +25,7 @@ from pathlib import Path
 from pipeline.architectures import Architecture, architecture_of
 from pipeline.architectures.encoders import encoder_inputs
 from pipeline.cache import StageSpec, run_cached
+from pipeline.chat_template import chat_template_spec
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.quiet import silenced
@@ -33,7 +34,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
 OPSET = 17
-VERSION = 6  # 6: GroupQueryAttention graphs take right-padded batches (each row its own length, no bias)
+VERSION = 7  # 7: decoder specs carry the checkpoint's chat template
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +251,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (generation["eos_token_ids"] or [0])[0]
     spec.update(pad_id=int(pad), past=past, present=present, cache=attention["cache"], **generation)
     spec["padding"] = "right" if right else "left"
+    spec["chat_template"] = chat_template_spec(tokenizer)
     return {"spec": spec, "probe_max_abs_diff": diff, "last_token_logits": sliced, "attention": attention}
 
 

@@ -1,5 +1,6 @@
 """The runtime is its own package: it imports the standard library, numpy, tokenizers, its engines and
-pipeline.errors, nothing of the build; and no module of the pipeline imports itself back through another."""
+pipeline.errors (and jinja2 for chat templates, in chat.py only), nothing of the build; and no module of the
+pipeline imports itself back through another."""
 
 import ast
 import sys
@@ -7,6 +8,8 @@ from pathlib import Path
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 ALLOWED = {"numpy", "tokenizers", "onnxruntime", "openvino", "tensorrt", "cuda"}
+# Packages allowed in one runtime module only: jinja2 renders chat templates, lazily, in chat.py.
+ALLOWED_IN = {"jinja2": {"runtime/chat.py"}}
 
 
 def _module_name(path: Path) -> str:
@@ -43,6 +46,9 @@ def test_runtime_imports_nothing_of_the_build():
             top = name.split(".")[0]
             if name.startswith("pipeline."):
                 if not (name == "pipeline.errors" or name.startswith("pipeline.runtime")):
+                    offenders.append(f"{path.relative_to(PIPELINE)}: {name}")
+            elif top in ALLOWED_IN:
+                if str(path.relative_to(PIPELINE)) not in ALLOWED_IN[top]:
                     offenders.append(f"{path.relative_to(PIPELINE)}: {name}")
             elif top not in ALLOWED and top not in sys.stdlib_module_names and top != "__future__":
                 offenders.append(f"{path.relative_to(PIPELINE)}: {name}")
@@ -90,3 +96,13 @@ def test_no_stage_imports_the_benchmarks():
         if name == "pipeline.bench" or name.startswith("pipeline.bench.")
     ]
     assert not offenders, offenders
+
+
+def test_jinja2_is_imported_lazily_and_only_by_chat():
+    # A module-level import would cost every loader the import; only the first chat call pays it.
+    for path in sorted((PIPELINE / "runtime").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top_level = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        top_level |= {(n.module or "").split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
+        assert "jinja2" not in top_level, path
+        assert ("jinja2" in {m.split(".")[0] for m in _imports(path)}) == (path.name == "chat.py"), path
