@@ -190,14 +190,16 @@ def test_gc_during_a_build_skips_the_entries_it_holds_and_the_build_publishes(
     def gc_before_publishing(record) -> None:
         if record.name == last:  # every entry this build uses has been reused by now
             during.append(collect(root / "a", root / "c"))  # the default --min-age, as `pipeline gc` runs
+            during.append(collect(root / "a", root / "c", min_age_s=0))  # as if the build had run for long
 
     manifest = _build(tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file,
                       on_stage=gc_before_publishing)  # fmt: skip
     cached = [r for r in manifest.stages if r.name != "checkpoint"]  # the checkpoint is read, never cached
     used = {root / "c" / r.name / r.key for r in cached}
-    assert all(r.reused for r in cached) and during
-    assert {n.path for n in during[0].skipped if "holds its lease" in n.reason} == used
-    assert not used & {r.path for r in during[0].removals}
+    assert all(r.reused for r in cached) and len(during) == 2
+    assert {n.path for n in during[0].kept if n.reason == "used within --min-age"} == used  # reuse refreshed them
+    assert {n.path for n in during[1].skipped if "holds its lease" in n.reason} == used
+    assert not used & {r.path for g in during for r in g.removals}
     assert all(entry.is_dir() and entry.stat().st_mtime > long_ago + 3600 for entry in used)  # reuse refreshed
     assert load(manifest.published["path"]).run(["published"]).shape[0] == 1
     after = collect(root / "a", root / "c", dry_run=True)  # the build is over: its entries are young, not leased
