@@ -332,7 +332,9 @@ def export_group() -> None:
 @export_group.command(name="triton")
 @click.argument("artifact")
 @click.argument("out_dir")
-@click.option("--name", default=None, help="the graph model's name in the repository (default: the artifact's)")
+@click.option(
+    "--name", default=None, help="the graph model's name and folder: letters, digits, _ or - (default: the artifact's)"
+)
 @click.option(
     "--variant",
     "variants",

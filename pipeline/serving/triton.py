@@ -252,8 +252,11 @@ def artifact_holding(path: Path) -> Path | None:
         if _is_manifest(folder / MANIFEST_NAME):
             return folder
         if VERSION_FOLDER.fullmatch(folder.name) and folder.is_dir():
-            if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
-                return folder
+            try:
+                if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
+                    return folder
+            except OSError:  # a folder it cannot list is no artifact version it can tell
+                continue
     return None
 
 
