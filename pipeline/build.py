@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline import faults
 from pipeline.architectures import architecture_of
+from pipeline.cache import leases
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_calibration, check_held_out, read_texts
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
@@ -123,17 +124,18 @@ def build(
         task_override=task,
     )
     started = time.perf_counter()
-    for stage_name, stage in STAGES:
-        count = len(manifest.stages)
-        manifest = stage(manifest, spec)
-        if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
-            _check_candidates(spec, architecture_of(manifest.checkpoint).family)
-        if stage_name == "search":  # the chosen candidate's thresholds hold from here on
-            spec = search.chosen_target(manifest, spec)
-        if on_stage and len(manifest.stages) > count:
-            on_stage(manifest.stages[-1])
-        faults.point(f"after-{stage_name}")
-        if stage_name == until:
-            return manifest
+    with leases():  # gc removes no cache entry this build uses until it has published (or stopped, with until)
+        for stage_name, stage in STAGES:
+            count = len(manifest.stages)
+            manifest = stage(manifest, spec)
+            if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
+                _check_candidates(spec, architecture_of(manifest.checkpoint).family)
+            if stage_name == "search":  # the chosen candidate's thresholds hold from here on
+                spec = search.chosen_target(manifest, spec)
+            if on_stage and len(manifest.stages) > count:
+                on_stage(manifest.stages[-1])
+            faults.point(f"after-{stage_name}")
+            if stage_name == until:
+                return manifest
     manifest.published["seconds"] = round(time.perf_counter() - started, 2)
     return manifest

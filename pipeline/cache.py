@@ -10,11 +10,16 @@ of the stage's inputs, never assembled by hand:
 Outputs are written to a scratch folder (locked by its builder while it works) and renamed into place; each entry's
 record.json holds the sha256 of every file, checked on reuse, so a truncated or edited entry is rebuilt rather than
 trusted. A scratch folder whose builder died is removed by the next build of that stage.
+
+A build holds a lease on every entry it uses (a shared flock on `<stage>/.lease-<key>`) until it ends, and reuse
+refreshes an entry's age: gc removes an entry only under the exclusive lock of that file, so never one a running
+build holds, and never one a build has just reused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import fcntl
@@ -36,6 +41,7 @@ from pipeline.runtime.host import cpu_flags, kernel_class, usable_cores
 
 RECORD = "record.json"
 OWNER = ".owner"
+LEASE_PREFIX = ".lease-"
 HOST_SCOPES = ("none", "kernels", "machine")
 WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR)
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -143,12 +149,108 @@ def _owner_dead(scratch: Path) -> bool:
 def remove_dead_scratch(stage_dir: Path) -> list[Path]:
     """Remove the scratch folders of builds that died (SIGKILL, power cut) in this stage's cache folder."""
     removed = []
-    for scratch in stage_dir.glob(".tmp-*") if stage_dir.is_dir() else ():
+    for scratch in stage_dir.glob(".tmp-*") if stage_dir.is_dir() and not stage_dir.is_symlink() else ():
         with contextlib.suppress(OSError):
-            if _owner_dead(scratch):
+            if not scratch.is_symlink() and _owner_dead(scratch):
                 shutil.rmtree(scratch, ignore_errors=True)
                 removed.append(scratch)
     return removed
+
+
+def lease_path(entry: Path) -> Path:
+    """The file whose flock leases `entry`: beside it, so that it outlives the entry's removal."""
+    return entry.parent / f"{LEASE_PREFIX}{entry.name}"
+
+
+def _open_lease(path: Path, create: bool = True) -> int:
+    # O_NOFOLLOW: a symlink planted as a lease file is an error (ELOOP), never a file elsewhere created or locked.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    return os.open(path, flags, 0o644)
+
+
+def _take_lease(entry: Path) -> int:
+    """A shared flock on `entry`'s lease file, on the file that is there now (gc unlinks it as it removes the
+    entry: one that waited for gc takes a fresh file)."""
+    path = lease_path(entry)
+    while True:
+        fd = _open_lease(path)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                return fd
+        os.close(fd)
+
+
+class Leases:
+    """The cache entries one build uses, each leased (gc skips it) until the build ends; see `leases`."""
+
+    def __init__(self):
+        self._held: dict[Path, tuple[int, tuple[str, ...]]] = {}
+
+    def hold(self, entry: Path) -> None:
+        """Lease `entry` (a no-op where this build holds it already)."""
+        if entry not in self._held:
+            self._held[entry] = (_take_lease(entry), ())
+
+    def record(self, entry: Path, files) -> None:
+        """Note the files `entry` holds, checked by `check`."""
+        self._held[entry] = (self._held[entry][0], tuple(files))
+
+    def check(self) -> None:
+        """A CacheError naming the first entry of this build that lost a file since it was leased."""
+        for entry, (_, files) in self._held.items():
+            if not entry.is_dir() or not all((entry / name).is_file() for name in files):
+                raise CacheError(
+                    f"the stage-cache entry {entry}, which this build uses, was removed while the build ran (by "
+                    "hand, or by a gc that does not honour leases); run the build again: it makes the entry anew"
+                )
+
+    def release(self) -> None:
+        """Give back every lease."""
+        for fd, _ in self._held.values():
+            os.close(fd)
+        self._held.clear()
+
+
+_LEASES: contextvars.ContextVar[Leases | None] = contextvars.ContextVar("pipeline_cache_leases", default=None)
+
+
+@contextlib.contextmanager
+def leases():
+    """Hold every entry `run_cached` uses inside this block until it ends, so that gc removes none of them. A
+    failure inside the block that comes from a leased entry removed anyway becomes a one-line CacheError."""
+    held = Leases()
+    token = _LEASES.set(held)
+    try:
+        yield held
+    except Exception:
+        held.check()
+        raise
+    finally:
+        _LEASES.reset(token)
+        held.release()
+
+
+@contextlib.contextmanager
+def claim(entry: Path, create: bool = True):
+    """For gc: yields True while it holds `entry`'s lease exclusively (no build holds it), else False; with
+    `create` False, a missing lease file counts as free and is not made."""
+    try:
+        fd = _open_lease(lease_path(entry), create)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def _produce(entry: Path, key: str, spec: StageSpec, config: dict, produce: Callable[[Path], dict]) -> dict:
@@ -186,14 +288,21 @@ def run_cached(cache_dir: str | Path, spec: StageSpec, config, inputs: dict[str,
     key = spec.key(config, inputs)
     fields = dataclasses.asdict(config)
     entry = Path(cache_dir) / spec.name / key
+    scope = _LEASES.get()
+    held = scope if scope is not None else Leases()  # outside a build: leased while this call runs
     try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        held.hold(entry)
         remove_dead_scratch(entry.parent)
         record = _intact(entry) if entry.exists() else None
         reused = record is not None
-        if not reused:
+        if reused:
+            os.utime(entry)  # its age counts from its last use: gc's --min-age spares what builds reuse
+        else:
             if entry.exists():
                 shutil.rmtree(entry)  # damaged: a truncated file or a missing record
             record = _produce(entry, key, spec, fields, produce)
+        held.record(entry, record["files"])
     except OSError as err:
         if err.errno not in WRITE_ERRORS:
             raise
@@ -201,6 +310,9 @@ def run_cached(cache_dir: str | Path, spec: StageSpec, config, inputs: dict[str,
             f"the stage cache {entry.parent} cannot be written ({err.strerror or err}); free space or fix its "
             "permissions, or pass another --cache-dir"
         ) from None
+    finally:
+        if scope is None:
+            held.release()
     outputs = {name: str(entry / name) for name in record["files"]}
     return StageRecord(
         name=spec.name,

@@ -346,13 +346,18 @@ def check_model(model, target) -> None:
 @click.option("--dry-run", is_flag=True, help="print what would be removed and the space it would free; remove nothing")
 def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:  # fmt: skip
     """Remove stage-cache entries no published version references, and with --keep old versions; never what a
-    `latest` link points to."""
+    `latest` link points to, what a running build holds, or anything through a symlink. With --verbose, also
+    print what was kept and why."""
     from pipeline.build import REPO
     from pipeline.gc import collect, describe
+    from pipeline.progress import note
 
     artifacts = artifacts_dir or REPO / "artifacts"
     cache = cache_dir or REPO / ".cache" / "stages"
-    click.echo(describe(collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run), dry_run))
+    found = collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run)
+    for kept in found.kept:
+        note(f"kept {kept.path}: {kept.reason}")
+    click.echo(describe(found, dry_run))
 
 
 @main.group(name="export")
@@ -363,7 +368,9 @@ def export_group() -> None:
 @export_group.command(name="triton")
 @click.argument("artifact")
 @click.argument("out_dir")
-@click.option("--name", default=None, help="the graph model's name in the repository (default: the artifact's)")
+@click.option(
+    "--name", default=None, help="the graph model's name and folder: letters, digits, _ or - (default: the artifact's)"
+)
 @click.option(
     "--variant",
     "variants",

@@ -3,30 +3,35 @@
 What is kept, always:
 - every version a `latest` link points to;
 - the newest `keep` versions of each model and target (all of them when `keep` is None);
-- every stage-cache entry that a kept version's manifest names (its `stages` keys);
-- every cache entry or scratch folder younger than `min_age_s`: a build running now may still read it before it
-  publishes, and a running build's scratch folder is locked besides.
+- every stage-cache entry that a kept version's manifest names (its `stages` keys), once that manifest's digest
+  is verified: gc reads no manifest it cannot trust, and then removes nothing;
+- every cache entry a running build holds (its lease, see pipeline.cache), and every cache entry or scratch folder
+  younger than `min_age_s` (an entry's age counts from its last use).
 
 Everything else under the artifacts and cache folders that this module recognises (vN/<target> folders, cache
-entries named by their key, dead .tmp- scratch folders) is removed. Nothing else is touched.
+entries named by their key, dead .tmp- scratch folders) is removed. Nothing else is touched, and no symlink inside
+those folders is followed: each is reported as skipped. One gc runs at a time per cache folder, and none while a
+build of a model publishes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import time
 from pathlib import Path
 
-from pipeline.cache import RECORD, remove_dead_scratch
-from pipeline.errors import InputError
-from pipeline.runtime.artifact import MANIFEST_NAME
-from pipeline.stages.publish import model_lock, published_versions
+from pipeline.cache import LEASE_PREFIX, RECORD, claim, lease_path, remove_dead_scratch
+from pipeline.errors import ArtifactError, InputError
+from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
+from pipeline.stages.publish import VERSION, model_lock
 
 DEFAULT_MIN_AGE_S = 3600.0
+GC_LOCK = ".gc.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,130 +43,231 @@ class Removal:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Note:
+    """A path gc left in place, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclasses.dataclass
+class Collection:
+    """What one gc did: `removals`; `skipped`, what it would not touch (symlinks, leased entries); `kept`, what it
+    kept on purpose and why (printed with --verbose)."""
+
+    removals: list[Removal] = dataclasses.field(default_factory=list)
+    skipped: list[Note] = dataclasses.field(default_factory=list)
+    kept: list[Note] = dataclasses.field(default_factory=list)
+
+
 def folder_bytes(path: Path) -> int:
-    """Bytes of the regular files under `path` (symlinks not followed)."""
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """Bytes of the regular files under `path` (symlinks neither followed nor counted)."""
+    files = (os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names)  # follows none
+    return sum(os.lstat(file).st_size for file in files if not os.path.islink(file))
+
+
+def _symlink(path: Path, found: Collection) -> bool:
+    """Whether `path` is a symlink; if so it is reported as skipped."""
+    if not path.is_symlink():
+        return False
+    found.skipped.append(Note(path, f"a symlink (to {os.readlink(path)}); gc never follows one"))
+    return True
+
+
+def _subfolders(parent: Path, found: Collection, match=lambda p: True) -> list[Path]:
+    """The real folders in `parent` that `match`, sorted; symlinks among them are reported and left alone."""
+    children = sorted(p for p in parent.iterdir() if match(p)) if parent.is_dir() else []
+    return [p for p in children if not _symlink(p, found) and p.is_dir()]
+
+
+def _versions(model_root: Path, found: Collection) -> list[tuple[int, Path]]:
+    """The vN folders of a model, oldest first (symlinked ones reported, not listed)."""
+    folders = _subfolders(model_root, found, lambda p: VERSION.match(p.name) is not None)
+    return sorted((int(VERSION.match(p.name).group(1)), p) for p in folders)
 
 
 def _latest_targets(model_root: Path) -> set[Path]:
     """The version folders `latest/<target>` links resolve to."""
     latest = model_root / "latest"
     pointed = set()
-    for link in latest.iterdir() if latest.is_dir() else ():
+    for link in latest.iterdir() if latest.is_dir() and not latest.is_symlink() else ():
         if link.is_symlink():
             with contextlib.suppress(OSError):
                 pointed.add(link.resolve(strict=True))
     return pointed
 
 
-def _model_roots(artifacts_dir: Path) -> list[Path]:
-    return (
-        sorted(p for p in artifacts_dir.iterdir() if p.is_dir() and published_versions(p))
-        if artifacts_dir.is_dir()
-        else []
-    )
+def _published(artifacts_dir: Path, found: Collection) -> dict[Path, list[tuple[int, Path]]]:
+    """Each model folder with published versions, and its vN/<target> folders that hold a manifest."""
+    models = {}
+    for root in _subfolders(artifacts_dir, found, lambda p: not p.name.startswith(".")):
+        folders = [
+            (number, folder)
+            for number, version in _versions(root, found)
+            for folder in _subfolders(version, found)
+            if (folder / MANIFEST_NAME).exists() or (folder / MANIFEST_NAME).is_symlink()
+        ]
+        if folders:
+            models[root] = folders
+    return models
 
 
-def published_folders(artifacts_dir: Path) -> list[Path]:
-    """Every published vN/<target> folder under `artifacts_dir`."""
-    return [
-        folder
-        for root in _model_roots(artifacts_dir)
-        for _, version in published_versions(root)
-        for folder in sorted(version.iterdir())
-        if folder.is_dir() and (folder / MANIFEST_NAME).is_file()
-    ]
+def published_folders(artifacts_dir) -> list[Path]:
+    """Every published vN/<target> folder under `artifacts_dir` (symlinks not followed)."""
+    return [folder for folders in _published(Path(artifacts_dir), Collection()).values() for _, folder in folders]
 
 
-def stale_versions(artifacts_dir: Path, keep: int | None) -> list[Path]:
+def _stale(models: dict[Path, list[tuple[int, Path]]], keep: int | None, found: Collection) -> list[Path]:
     """The vN/<target> folders beyond the newest `keep` of their model and target that no `latest` link names."""
     if keep is None:
         return []
     stale = []
-    for root in _model_roots(artifacts_dir):
+    for root, folders in models.items():
         pointed = _latest_targets(root)
         by_target: dict[str, list[Path]] = {}
-        for _, version in sorted(published_versions(root), reverse=True):  # newest first
-            for folder in sorted(version.iterdir()):
-                if folder.is_dir():
-                    by_target.setdefault(folder.name, []).append(folder)
-        for folders in by_target.values():
-            stale += [f for f in folders[keep:] if f.resolve() not in pointed]
+        for _, folder in sorted(folders, reverse=True):  # newest first
+            by_target.setdefault(folder.name, []).append(folder)
+        for newest in by_target.values():
+            for folder in newest[keep:]:
+                if folder.resolve() in pointed:
+                    found.kept.append(Note(folder, "a latest link points to it"))
+                else:
+                    stale.append(folder)
     return stale
 
 
-def referenced_keys(folders: list[Path]) -> set[tuple[str, str]]:
-    """The (stage, key) cache entries the manifests in `folders` name. A manifest that cannot be read is an error: gc
-    cannot know what it references, so it removes nothing."""
-    keys = set()
-    for folder in folders:
-        try:
-            stages = json.loads((folder / MANIFEST_NAME).read_text())["stages"]
-            keys |= {(name, stage["key"]) for name, stage in stages.items()}
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise InputError(
-                f"gc cannot read the stages of {folder / MANIFEST_NAME} ({err}); nothing was removed. Repair or "
-                "remove that version by hand, then run gc again"
-            ) from None
-    return keys
+def verified_stages(folder: Path) -> dict:
+    """The `stages` of the manifest in `folder`, once its digest proves it is the published one. Anything else is
+    an ArtifactError: gc cannot know what that version references, so it removes nothing."""
+    path = folder / MANIFEST_NAME
+    fix = "nothing was removed. Rebuild that version, or remove it by hand, then run gc again"
+    try:
+        if path.is_symlink():
+            raise ValueError("it is a symlink")
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or manifest.get("manifest_sha256") != manifest_digest(manifest):
+            raise ValueError("its digest does not match: it was edited after publishing")
+        stages = manifest.get("stages")
+        if not isinstance(stages, dict) or not all(
+            isinstance(s, dict) and isinstance(s.get("key"), str) for s in stages.values()
+        ):
+            raise ValueError("its stages are not a table of {key: ...} records")
+    except (OSError, ValueError) as err:
+        raise ArtifactError(f"gc cannot trust {path} ({err}); {fix}") from None
+    return stages
 
 
-def _young(path: Path, min_age_s: float, now: float) -> bool:
-    return now - path.stat().st_mtime < min_age_s
-
-
-def unreferenced_entries(cache_dir: Path, keys: set[tuple[str, str]], min_age_s: float) -> list[Path]:
-    """Cache entries (folders named by a key, with a record) whose key is not in `keys`, older than `min_age_s`."""
-    now = time.time()
-    found = []
-    for stage_dir in sorted(p for p in cache_dir.iterdir() if p.is_dir()) if cache_dir.is_dir() else ():
-        for entry in sorted(stage_dir.iterdir()):
-            if entry.name.startswith(".") or not entry.is_dir() or (stage_dir.name, entry.name) in keys:
-                continue
-            if (entry / RECORD).exists() and not _young(entry, min_age_s, now):
-                found.append(entry)
-    return found
+def referenced_keys(folders: list[Path]) -> dict[tuple[str, str], Path]:
+    """The (stage, key) cache entries the verified manifests in `folders` name, each with a folder naming it."""
+    return {(name, stage["key"]): folder for folder in folders for name, stage in verified_stages(folder).items()}
 
 
 def _remove(path: Path) -> None:
-    # Published files are read-only; their folder is not, so removal needs no chmod.
-    shutil.rmtree(path)
+    # Published files are read-only; their folder is not, so removal needs no chmod. rmtree follows no symlink.
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
     parent = path.parent
     with contextlib.suppress(OSError):
-        if parent.name.startswith("v") and not any(parent.iterdir()):
+        if VERSION.match(parent.name) and not any(parent.iterdir()):
             parent.rmdir()
 
 
+def _entries(cache_dir: Path, keys: dict, min_age_s: float, dry_run: bool, found: Collection) -> None:
+    """Remove (or list) the cache entries not in `keys`, older than `min_age_s` and leased by no build."""
+    now = time.time()
+    for stage_dir in _subfolders(cache_dir, found, lambda p: not p.name.startswith(".")):
+        for entry in sorted(stage_dir.iterdir()):
+            if entry.name.startswith(".") or _symlink(entry, found) or not entry.is_dir():
+                continue
+            if (stage_dir.name, entry.name) in keys:
+                found.kept.append(Note(entry, f"{keys[(stage_dir.name, entry.name)]} references it"))
+            elif not (entry / RECORD).is_file():
+                continue  # not an entry of ours
+            elif now - entry.stat().st_mtime < min_age_s:
+                found.kept.append(Note(entry, "used within --min-age"))
+            else:
+                _remove_entry(entry, dry_run, found)
+        if not dry_run:
+            remove_dead_scratch(stage_dir)
+            _remove_orphan_leases(stage_dir)
+
+
+def _remove_entry(entry: Path, dry_run: bool, found: Collection) -> None:
+    try:
+        with claim(entry, create=not dry_run) as free:
+            if not free:
+                found.skipped.append(Note(entry, "a running build holds its lease"))
+                return
+            found.removals.append(Removal(entry, folder_bytes(entry), "a cache entry no published version references"))
+            if not dry_run:
+                _remove(entry)
+                lease_path(entry).unlink(missing_ok=True)  # under the lock: a waiting build takes a fresh one
+    except OSError as err:  # a symlink planted as its lease file, or an unwritable stage folder
+        found.skipped.append(Note(entry, f"its lease file cannot be taken ({err.strerror or err})"))
+
+
+def _remove_orphan_leases(stage_dir: Path) -> None:
+    for path in stage_dir.glob(f"{LEASE_PREFIX}*"):
+        entry = stage_dir / path.name.removeprefix(LEASE_PREFIX)
+        if path.is_symlink() or entry.exists() or entry.is_symlink():
+            continue
+        with contextlib.suppress(OSError), claim(entry) as free:
+            if free and not entry.exists():
+                path.unlink()
+
+
+@contextlib.contextmanager
+def gc_lock(cache_dir: Path):
+    """One gc at a time on a cache folder (an exclusive flock on its .gc.lock); nothing where there is no cache."""
+    if not cache_dir.is_dir():
+        yield
+        return
+    try:
+        fd = os.open(cache_dir / GC_LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise InputError(
+            f"gc cannot take its lock {cache_dir / GC_LOCK} ({err.strerror or err}); nothing was removed. Remove "
+            "that file if it is a symlink, or fix the folder's permissions"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def collect(artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S,
-            dry_run: bool = False) -> list[Removal]:  # fmt: skip
+            dry_run: bool = False) -> Collection:  # fmt: skip
     """Remove (or, with `dry_run`, list) old versions beyond `keep` and the stage-cache entries no remaining
-    version references; returns what was removed, with sizes."""
+    version references; returns what was removed (with sizes), skipped and kept."""
     artifacts_dir, cache_dir = Path(artifacts_dir), Path(cache_dir)
     if keep is not None and keep < 1:
         raise InputError(f"--keep {keep} would remove every version; pass --keep 1 or more, or leave it out")
     if min_age_s < 0:
         raise InputError(f"--min-age {min_age_s} is negative; pass 0 or more seconds")
-    locks = [model_lock(root) for root in _model_roots(artifacts_dir)]
-    with contextlib.ExitStack() as stack:
-        for lock in locks:  # no build publishes (or points latest) while gc decides
-            stack.enter_context(lock)
-        stale = stale_versions(artifacts_dir, keep)
-        kept = [f for f in published_folders(artifacts_dir) if f not in stale]
-        entries = unreferenced_entries(cache_dir, referenced_keys(kept), min_age_s)
-        removals = [Removal(f, folder_bytes(f), "an old version beyond --keep") for f in stale]
-        removals += [Removal(e, folder_bytes(e), "a cache entry no published version references") for e in entries]
+    found = Collection()
+    models = _published(artifacts_dir, Collection())
+    with gc_lock(cache_dir), contextlib.ExitStack() as stack:
+        for root in models:  # no build publishes (or points latest) while gc decides
+            stack.enter_context(model_lock(root))
+        models = _published(artifacts_dir, found)  # again, under the locks
+        stale = _stale(models, keep, found)
+        kept = [folder for folders in models.values() for _, folder in folders if folder not in stale]
+        keys = referenced_keys(kept)
+        found.removals += [Removal(f, folder_bytes(f), "an old version beyond --keep") for f in stale]
         if not dry_run:
-            for removal in removals:
-                _remove(removal.path)
-            for stage_dir in (p for p in cache_dir.iterdir() if p.is_dir()) if cache_dir.is_dir() else ():
-                remove_dead_scratch(stage_dir)
-    return removals
+            for folder in stale:
+                _remove(folder)
+        _entries(cache_dir, keys, min_age_s, dry_run, found)
+    return found
 
 
-def describe(removals: list[Removal], dry_run: bool) -> str:
-    """One line per removal and a total, for the CLI."""
+def describe(found: Collection, dry_run: bool) -> str:
+    """One line per removal and per skipped path, and a total, for the CLI."""
     verb = "would remove" if dry_run else "removed"
-    lines = [f"{verb} {r.path} ({r.bytes / 1e6:.1f} MB): {r.reason}" for r in removals]
-    total = sum(r.bytes for r in removals) / 1e6
-    lines.append(f"{verb} {len(removals)} folder(s), {total:.1f} MB {'to free' if dry_run else 'freed'}")
+    lines = [f"{verb} {r.path} ({r.bytes / 1e6:.1f} MB): {r.reason}" for r in found.removals]
+    lines += [f"skipped {s.path}: {s.reason}" for s in found.skipped]
+    total = sum(r.bytes for r in found.removals) / 1e6
+    lines.append(f"{verb} {len(found.removals)} folder(s), {total:.1f} MB {'to free' if dry_run else 'freed'}")
     return os.linesep.join(lines)

@@ -139,3 +139,21 @@ def test_makefile_quotes_every_value_it_passes_to_the_cli():
     assert out.returncode == 0, out.stderr
     line = next(row for row in out.stdout.splitlines() if "pipeline build" in row)
     assert '--model "/tmp/a b/My Model"' in line and '--calibration "/tmp/c d.txt"' in line
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--name", "../../x"], "Triton model name '../../x' must be"),
+        (["--name", "ok"], "is a file, not a folder"),
+    ],
+)
+def test_cli_export_triton_bad_name_or_out_dir_is_one_line_error(args, message, published, tmp_path):
+    out_dir = tmp_path / "repo"
+    if "ok" in args:
+        out_dir.write_text("a file where the repository should go")
+    out = _cli("export", "triton", str(published), str(out_dir), *args)
+    assert out.returncode == 3, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert not (tmp_path.parent / "x").exists()

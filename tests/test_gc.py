@@ -1,6 +1,9 @@
 import json
 import os
+import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,9 +13,11 @@ from hypothesis import strategies as st
 
 from pipeline.build import build
 from pipeline.cli import main
-from pipeline.errors import InputError
-from pipeline.gc import collect, published_folders
+from pipeline.errors import ArtifactError, CacheError, InputError
+from pipeline.gc import collect, gc_lock, published_folders
 from pipeline.runtime import load
+from pipeline.runtime.artifact import manifest_digest
+from pipeline.stages.publish import model_lock
 
 from .conftest import write_target
 
@@ -26,6 +31,12 @@ build_strategy = st.tuples(
 )
 
 
+def _write_manifest(folder: Path, stages) -> None:
+    manifest = {"stages": stages}
+    manifest["manifest_sha256"] = manifest_digest(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 def _publish(root: Path, builds: list, rollbacks: list[int]) -> None:
     """Lay out published versions as publish does: vN/<target>/manifest.json naming its stage keys, a cache entry
     with a record per key (plus orphans), and latest/<target> links, some rolled back to older versions."""
@@ -34,8 +45,7 @@ def _publish(root: Path, builds: list, rollbacks: list[int]) -> None:
         number = numbers[(model, target)] = numbers.get((model, target), 0) + 1
         folder = root / "artifacts" / model / f"v{number}" / target
         folder.mkdir(parents=True)
-        stages = {name: {"key": key, "config": {}} for name, key in keys.items()}
-        (folder / "manifest.json").write_text(json.dumps({"stages": stages}))
+        _write_manifest(folder, {name: {"key": key, "config": {}} for name, key in keys.items()})
         (folder / "model.onnx").write_bytes(b"x" * 100)
         for path in folder.iterdir():
             path.chmod(0o444)
@@ -53,7 +63,8 @@ def _publish(root: Path, builds: list, rollbacks: list[int]) -> None:
 
 
 def _state(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".lock"}  # gc takes the publish lock
+    # gc takes the publish locks and its own
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.name not in (".lock", ".gc.lock")}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,9 +79,9 @@ def test_gc_never_removes_a_referenced_version_or_cache_entry(builds, rollbacks,
         _publish(root, builds, rollbacks)
         artifacts, cache = root / "artifacts", root / "cache"
         before = _state(root)
-        planned = collect(artifacts, cache, keep=keep, min_age_s=0, dry_run=True)
+        planned = collect(artifacts, cache, keep=keep, min_age_s=0, dry_run=True).removals
         assert _state(root) == before  # a dry run removes nothing
-        removed = collect(artifacts, cache, keep=keep, min_age_s=0)
+        removed = collect(artifacts, cache, keep=keep, min_age_s=0).removals
         assert [r.path for r in removed] == [r.path for r in planned]
         assert sum(r.bytes for r in removed) == sum(r.bytes for r in planned)
         for link in artifacts.glob("*/latest/*"):
@@ -96,10 +107,10 @@ def test_gc_keeps_young_entries_a_running_build_may_need(tmp_path):
     entry = tmp_path / "cache" / "export" / KEYS[0]
     entry.mkdir(parents=True)
     (entry / "record.json").write_text("{}")
-    assert collect(tmp_path / "artifacts", tmp_path / "cache") == []
+    assert collect(tmp_path / "artifacts", tmp_path / "cache").removals == []
     old = entry.stat().st_mtime - 7200
     os.utime(entry, (old, old))
-    assert [r.path for r in collect(tmp_path / "artifacts", tmp_path / "cache")] == [entry]
+    assert [r.path for r in collect(tmp_path / "artifacts", tmp_path / "cache").removals] == [entry]
     assert not entry.exists()
 
 
@@ -112,29 +123,211 @@ def test_gc_refuses_keep_zero_and_an_unreadable_manifest(tmp_path):
     entry = tmp_path / "cache" / "export" / KEYS[1]
     entry.mkdir(parents=True)
     (entry / "record.json").write_text("{}")
-    with pytest.raises(InputError, match="nothing was removed"):
+    with pytest.raises(ArtifactError, match="nothing was removed"):
         collect(tmp_path / "artifacts", tmp_path / "cache", min_age_s=0)
     assert entry.exists()
 
 
-def test_gc_on_real_builds_removes_the_old_version_and_its_entries_and_latest_still_loads(
-    tiny_bert, texts_file, calibration_file, tmp_path
-):
-    dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
-    target = str(write_target(tmp_path, "gc-target"))
-    build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **dirs)
-    write_target(tmp_path, "gc-target", accuracy__cosine_min=0.985)  # another gate: another version
-    newer = build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **dirs)
+@pytest.fixture(scope="module")
+def two_versions(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
+    """tiny-bert built twice (v1, then v2 under another gate) into a/ (artifacts) and c/ (stage cache), with its
+    target file and stages.json (the stages the build recorded), once per module. `_copy` it before changing it."""
+    root = tmp_path_factory.mktemp("gc-built")
+    target = str(write_target(root, "gc-target"))
+    _build(tiny_bert, target, root, texts_file, calibration_file)
+    write_target(root, "gc-target", accuracy__cosine_min=0.985)  # another gate: another version
+    newer = _build(tiny_bert, target, root, texts_file, calibration_file)
     assert newer.published["version"] == "v2"
+    (root / "stages.json").write_text(json.dumps([r.name for r in newer.stages]))
+    return root
+
+
+def _build(checkpoint, target, root: Path, texts_file, calibration_file, **options):
+    return build(checkpoint, str(target), artifacts_dir=root / "a", cache_dir=root / "c", validation=texts_file,
+                 calibration=calibration_file, **options)  # fmt: skip
+
+
+def _copy(built: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "copy"
+    shutil.copytree(built, root, symlinks=True)
+    return root
+
+
+def _gc(root: Path, *options: str, verbose: bool = False):
+    args = ["gc", "--artifacts-dir", str(root / "artifacts"), "--cache-dir", str(root / "cache"), *options]
+    return CliRunner().invoke(main, ["-v", *args] if verbose else args)
+
+
+def test_gc_on_real_builds_removes_the_old_version_and_its_entries_and_latest_still_loads(
+    two_versions, tiny_bert, texts_file, calibration_file, tmp_path
+):
+    root = _copy(two_versions, tmp_path)
     runner = CliRunner()
-    args = ["gc", "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"), "--min-age", "0"]
+    args = ["gc", "--artifacts-dir", str(root / "a"), "--cache-dir", str(root / "c"), "--min-age", "0"]
     dry = runner.invoke(main, [*args, "--keep", "1", "--dry-run"])
-    assert dry.exit_code == 0 and "would remove" in dry.output and (tmp_path / "a" / "tiny-bert" / "v1").exists()
+    assert dry.exit_code == 0 and "would remove" in dry.output and (root / "a" / "tiny-bert" / "v1").exists()
     result = runner.invoke(main, [*args, "--keep", "1"])
     assert result.exit_code == 0, result.output
     assert "an old version beyond --keep" in result.output and "MB freed" in result.output
-    assert not (tmp_path / "a" / "tiny-bert" / "v1").exists()
-    model = load(tmp_path / "a" / "tiny-bert" / "latest" / "gc-target")
+    assert not (root / "a" / "tiny-bert" / "v1").exists()
+    model = load(root / "a" / "tiny-bert" / "latest" / "gc-target")
     assert model.run(["still here"]).shape[0] == 1
-    again = build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **dirs)
+    again = _build(tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file)
     assert again.published["reused"] and all(r.reused for r in again.stages if r.name != "checkpoint")
+
+
+def test_gc_during_a_build_skips_the_entries_it_holds_and_the_build_publishes(
+    two_versions, tiny_bert, texts_file, calibration_file, tmp_path
+):
+    root = _copy(two_versions, tmp_path)
+    shutil.rmtree(root / "a")  # no published version references any entry: only the build's leases keep them
+    long_ago = time.time() - 7200
+    for entry in (root / "c").glob("*/*"):
+        os.utime(entry, (long_ago, long_ago))  # made long ago: past gc's default --min-age
+    last = json.loads((root / "stages.json").read_text())[-1]
+    during = []
+
+    def gc_before_publishing(record) -> None:
+        if record.name == last:  # every entry this build uses has been reused by now
+            during.append(collect(root / "a", root / "c"))  # the default --min-age, as `pipeline gc` runs
+            during.append(collect(root / "a", root / "c", min_age_s=0))  # as if the build had run for long
+
+    manifest = _build(tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file,
+                      on_stage=gc_before_publishing)  # fmt: skip
+    cached = [r for r in manifest.stages if r.name != "checkpoint"]  # the checkpoint is read, never cached
+    used = {root / "c" / r.name / r.key for r in cached}
+    assert all(r.reused for r in cached) and len(during) == 2
+    assert {n.path for n in during[0].kept if n.reason == "used within --min-age"} == used  # reuse refreshed them
+    assert {n.path for n in during[1].skipped if "holds its lease" in n.reason} == used
+    assert not used & {r.path for g in during for r in g.removals}
+    assert all(entry.is_dir() and entry.stat().st_mtime > long_ago + 3600 for entry in used)  # reuse refreshed
+    assert load(manifest.published["path"]).run(["published"]).shape[0] == 1
+    after = collect(root / "a", root / "c", dry_run=True)  # the build is over: its entries are young, not leased
+    assert not after.removals and not after.skipped
+
+
+def test_an_entry_removed_under_a_running_build_is_a_one_line_cache_error(
+    two_versions, tiny_bert, texts_file, calibration_file, tmp_path
+):
+    root = _copy(two_versions, tmp_path)
+    for stage_dir in (root / "c").iterdir():
+        if stage_dir.name not in ("export", "optimize"):
+            shutil.rmtree(stage_dir)  # the stages after optimize run, and read optimize's graph
+    removed = []
+
+    def remove_by_hand(record) -> None:
+        if record.name == "optimize":
+            removed.append(root / "c" / record.name / record.key)
+            shutil.rmtree(removed[0])
+
+    with pytest.raises(CacheError) as err:
+        _build(tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file, on_stage=remove_by_hand)
+    message = str(err.value)
+    assert str(removed[0]) in message and "run the build again" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("stages, redigest", [({}, False), ([], True)])
+def test_gc_refuses_a_tampered_manifest_and_removes_nothing(stages, redigest, two_versions, tmp_path):
+    root = _copy(two_versions, tmp_path)
+    for path in (root / "a").glob("tiny-bert/v*/gc-target/manifest.json"):
+        path.chmod(0o644)
+        manifest = json.loads(path.read_text())
+        manifest["stages"] = stages
+        if redigest:  # a tamperer who recomputes the digest still cannot make gc read a malformed table
+            manifest["manifest_sha256"] = manifest_digest(manifest)
+        path.write_text(json.dumps(manifest))
+    before = _state(root)
+    result = CliRunner().invoke(main, ["gc", "--artifacts-dir", str(root / "a"), "--cache-dir", str(root / "c"),
+                                       "--min-age", "0", "--keep", "1"])  # fmt: skip
+    assert result.exit_code == ArtifactError.exit_code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "nothing was removed" in lines[0] and "manifest.json" in lines[0]
+    assert _state(root) == before
+
+
+def _one_version(root: Path) -> tuple[Path, Path]:
+    """artifacts/m/v1/cpu-avx2 referencing KEYS[0] of every stage (latest points to it), and an old unreferenced
+    entry cache/export/KEYS[1]; returns (the version's folder, the unreferenced entry)."""
+    _publish(root, [("m", "cpu-avx2", {stage: KEYS[0] for stage in STAGES})], [0])
+    unreferenced = root / "cache" / "export" / KEYS[1]
+    for entry in (root / "cache").glob("*/*"):
+        if entry.name != KEYS[0] and entry != unreferenced:
+            shutil.rmtree(entry)
+    long_ago = time.time() - 7200
+    os.utime(unreferenced, (long_ago, long_ago))
+    return root / "artifacts" / "m" / "v1" / "cpu-avx2", unreferenced
+
+
+def _outside(tmp_path: Path) -> Path:
+    """A folder outside the artifacts and cache folders, shaped like what a symlink in them would stand for."""
+    outside = tmp_path / "outside"
+    (outside / KEYS[2]).mkdir(parents=True)
+    (outside / KEYS[2] / "record.json").write_text("{}")
+    (outside / "cpu-avx2").mkdir()
+    (outside / "cpu-avx2" / "manifest.json").write_text(json.dumps({"stages": {}}))
+    (outside / "precious.txt").write_text("not gc's")
+    return outside
+
+
+@pytest.mark.parametrize("kind", ["stage folder", "version folder", "cache entry"])
+def test_gc_skips_a_symlink_and_its_target_survives(kind, tmp_path):
+    root = tmp_path / "tree"
+    _one_version(root)
+    outside = _outside(tmp_path)
+    before = {str(p.relative_to(outside)) for p in outside.rglob("*")}
+    link = {
+        "stage folder": root / "cache" / "quantize2",
+        "version folder": root / "artifacts" / "m" / "v0",
+        "cache entry": root / "cache" / "export" / KEYS[3],
+    }[kind]
+    link.symlink_to(outside / KEYS[2] if kind == "cache entry" else outside, target_is_directory=True)
+    result = _gc(root, "--min-age", "0", "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert f"skipped {link}: a symlink" in result.output
+    assert {str(p.relative_to(outside)) for p in outside.rglob("*")} == before
+    assert link.is_symlink() and (root / "artifacts" / "m" / "latest" / "cpu-avx2" / "manifest.json").is_file()
+
+
+def test_gc_waits_for_a_publish_in_progress_and_keeps_what_it_publishes(tmp_path):
+    root = tmp_path / "tree"
+    _, unreferenced = _one_version(root)
+    results = []
+    gc = threading.Thread(target=lambda: results.append(collect(root / "artifacts", root / "cache", min_age_s=0)))
+    with model_lock(root / "artifacts" / "m"):  # as publish holds it while it renames a version into place
+        gc.start()
+        time.sleep(0.5)
+        folder = root / "artifacts" / "m" / "v2" / "cpu-avx2"
+        folder.mkdir(parents=True)
+        _write_manifest(folder, {"export": {"key": KEYS[1], "config": {}}})
+        assert unreferenced.exists() and not results  # gc has not decided yet
+    gc.join(timeout=30)
+    assert results and unreferenced.exists()  # v2 references it now
+    assert {r.path for r in results[0].removals} == set()
+
+
+def test_gc_runs_one_at_a_time_per_cache_folder(tmp_path):
+    root = tmp_path / "tree"
+    _, unreferenced = _one_version(root)
+    results = []
+    gc = threading.Thread(target=lambda: results.append(collect(root / "artifacts", root / "cache", min_age_s=0)))
+    with gc_lock(root / "cache"):  # another gc at work
+        gc.start()
+        time.sleep(0.5)
+        assert unreferenced.exists() and not results
+    gc.join(timeout=30)
+    assert [r.path for r in results[0].removals] == [unreferenced] and not unreferenced.exists()
+
+
+def test_gc_verbose_says_what_it_kept_and_why(tmp_path):
+    root = tmp_path / "tree"
+    version, unreferenced = _one_version(root)
+    young = root / "cache" / "export" / KEYS[4]
+    young.mkdir()
+    (young / "record.json").write_text("{}")
+    quiet = _gc(root, "--dry-run")
+    assert quiet.exit_code == 0 and "kept" not in quiet.output
+    shown = _gc(root, "--dry-run", verbose=True)
+    assert shown.exit_code == 0, shown.output
+    assert f"kept {root / 'cache' / 'export' / KEYS[0]}: {version} references it" in shown.stderr
+    assert f"kept {young}: used within --min-age" in shown.stderr
+    assert f"would remove {unreferenced}" in shown.stdout

@@ -18,11 +18,12 @@ The Python-backend models need `pipeline` (the thin runtime) in the Python envir
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError, ServingError
-from pipeline.runtime.artifact import MANIFEST_NAME, verify_artifact
+from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, verify_artifact
 from pipeline.runtime.engine_cache import engine_cache_dir
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
@@ -30,6 +31,10 @@ ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification":
 VARIANTS = ("graph", "ensemble", "python")
 GRAPH_PLATFORMS = {"onnxruntime": {"platform": "onnxruntime_onnx"}, "openvino": {"backend": "openvino"},
                    "tensorrt": {"platform": "tensorrt_plan"}}  # fmt: skip
+# A model's name is its folder in the repository and a segment of Triton's URLs (/v2/models/<name>): no separator,
+# no dot (so never "." or ".."), nothing a shell or URL must escape.
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
+VERSION_FOLDER = re.compile(r"v\d+")
 
 
 def model_config_class():
@@ -220,10 +225,61 @@ def check_kind(manifest: dict, variants: tuple[str, ...]) -> None:
         )
 
 
+def check_model_name(name: str) -> None:
+    """Refuse, in one line, a model name that is not one folder name of Triton's characters."""
+    if not MODEL_NAME.fullmatch(name):
+        raise InputError(
+            f"Triton model name {name!r} must be 1 to 100 letters, digits, '_' or '-' (not starting with '-'): it "
+            "is the model's folder in the repository and its name in Triton's URLs; pass --name like my_model"
+        )
+
+
+def _is_manifest(path: Path) -> bool:
+    """Whether `path` is a published artifact's manifest (ours: our schema, with its digest)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 24:
+            return False
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("schema") == MANIFEST_SCHEMA and "manifest_sha256" in manifest
+
+
+def artifact_holding(path: Path) -> Path | None:
+    """The published artifact, or artifact version folder, that `path` (resolved) lies in or is; None if none."""
+    real = Path(path).resolve()
+    for folder in (real, *real.parents):
+        if _is_manifest(folder / MANIFEST_NAME):
+            return folder
+        if VERSION_FOLDER.fullmatch(folder.name) and folder.is_dir():
+            try:
+                if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
+                    return folder
+            except OSError:  # a folder it cannot list is no artifact version it can tell
+                continue
+    return None
+
+
+def _check_out_dir(out: Path) -> None:
+    """Refuse, in one line, an OUT_DIR that is a file, not empty, or inside an immutable artifact."""
+    holder = artifact_holding(out)
+    if holder is not None:
+        raise InputError(
+            f"{out} lies inside the published artifact {holder}, which must not change (a file added to it fails "
+            "its verification); pass a folder outside every artifact for the model repository"
+        )
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file, not a folder; pass a new or empty folder for the model repository")
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
+
+
 def repository_from_artifact(artifact, out_dir, name: str | None = None, variants: tuple[str, ...] | None = None,
                              python_env: str | None = None) -> list[Path]:  # fmt: skip
-    """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty); returns the
-    config.pbtxt paths written. `variants`: graph, ensemble, python (default: all the artifact's kind takes)."""
+    """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty, outside every
+    artifact); returns the config.pbtxt paths written. `name`: the graph model's name and folder, of Triton's
+    characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact's kind
+    takes)."""
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
     artifact = artifact.resolve()
@@ -231,9 +287,9 @@ def repository_from_artifact(artifact, out_dir, name: str | None = None, variant
     variants = tuple(variants or (("python",) if task == "text-generation" else VARIANTS))
     check_kind(manifest, variants)
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
+    _check_out_dir(out)
     name = name or manifest["model_name"].replace(".", "_")
+    check_model_name(name)
     dims = [] if task == "text-generation" else _output_dims(artifact)
     written = []
     try:

@@ -68,12 +68,18 @@ def _host() -> dict:
 def model_lock(model_root: Path):
     """An exclusive lock on one model's artifact tree, held while a version is chosen and renamed into place."""
     model_root.mkdir(parents=True, exist_ok=True)
-    with open(model_root / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:  # O_NOFOLLOW: a symlink planted as the lock file is refused, never a file elsewhere truncated or locked
+        fd = os.open(model_root / ".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise ArtifactError(
+            f"cannot take the lock {model_root / '.lock'} ({err.strerror or err}); remove it if it is a symlink, "
+            "or fix the folder's permissions"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _point_latest(model_root: Path, version: str, target: str) -> None:

@@ -75,6 +75,40 @@ def test_export_refuses_an_unsupported_kind_a_decoder_ensemble_and_a_full_folder
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("name", ["../../x", "../other", "a/b", "..", ".hidden", "-x", "tiny bert"])
+def test_export_refuses_a_name_that_is_not_one_triton_model_folder(name, published, tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "other").mkdir(parents=True)
+    (shared / "other" / "config.pbtxt").write_text("another model's")
+    with pytest.raises(InputError, match="letters, digits") as err:
+        repository_from_artifact(published, shared / "new", name=name)
+    assert "\n" not in str(err.value) and "--name" in str(err.value)
+    assert (shared / "other" / "config.pbtxt").read_text() == "another model's"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.pbtxt", "other", "shared"]
+
+
+@pytest.mark.parametrize("where", ["artifact", "version", "deeper"])
+def test_export_refuses_an_out_dir_inside_an_artifact(where, published, artifact_copy):
+    out = {
+        "artifact": artifact_copy / "repo",
+        "version": artifact_copy.parent / "repo",
+        "deeper": artifact_copy.parent / "a" / "b",
+    }[where]
+    with pytest.raises(InputError, match="inside the published artifact") as err:
+        repository_from_artifact(published, out)
+    assert "\n" not in str(err.value) and "outside every artifact" in str(err.value)
+    assert not out.exists()
+    verify_artifact(artifact_copy)  # still the published artifact, nothing added
+
+
+def test_export_refuses_an_out_dir_that_is_a_file(published, tmp_path):
+    file = tmp_path / "repo"
+    file.write_text("mine")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        repository_from_artifact(published, file)
+    assert file.read_text() == "mine"
+
+
 def _infer(url: str, model: str, texts: list[str], output: str) -> np.ndarray:
     client = triton_http.InferenceServerClient(url.removeprefix("http://"))  # one per thread: it is not thread-safe
     text = triton_http.InferInput("TEXT", [len(texts), 1], "BYTES")
