@@ -29,11 +29,13 @@ def mpnet_checkpoint() -> Path:
     return make()
 
 
-def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(mpnet_checkpoint, texts_file, tmp_path):
+def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
+    mpnet_checkpoint, texts_file, calibration_file, tmp_path
+):
     from sentence_transformers import SentenceTransformer
 
     manifest = build(
-        mpnet_checkpoint, "cpu-fp32", validation=texts_file, calibration=texts_file,
+        mpnet_checkpoint, "cpu-fp32", validation=texts_file, calibration=calibration_file,
         artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert manifest.checkpoint.task == "feature-extraction"

@@ -52,9 +52,9 @@ def test_every_table_row_has_a_test():
     assert set(TESTED_TASKS) == set(TASKS)
 
 
-def _build_fp32(folder: Path, texts_file: Path, tmp_path: Path, task: str | None = None):
+def _build_fp32(folder: Path, data: tuple[Path, Path], tmp_path: Path, task: str | None = None):
     return build(
-        folder, "cpu-fp32", task=task, validation=texts_file, calibration=texts_file,
+        folder, "cpu-fp32", task=task, validation=data[0], calibration=data[1],
         artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
     )  # fmt: skip
 
@@ -74,9 +74,11 @@ def _forward(model, tokenizer, *texts):
 
 
 @pytest.mark.parametrize("model_type", TESTED_ENCODERS)
-def test_build_each_encoder_matches_transformers_at_fp32_and_reports_its_passes(model_type, texts_file, tmp_path):
+def test_build_each_encoder_matches_transformers_at_fp32_and_reports_its_passes(
+    model_type, texts_file, calibration_file, tmp_path
+):
     folder = make_checkpoint(tmp_path / f"tiny-{model_type}", model_type)
-    manifest = _build_fp32(folder, texts_file, tmp_path)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
     assert manifest.checkpoint.model_type == model_type
     texts = ["first text", "and the second one, a little longer than the first"]
     got = load(manifest.published["path"]).run(texts)
@@ -91,9 +93,9 @@ def test_build_each_encoder_matches_transformers_at_fp32_and_reports_its_passes(
     assert optimize["nodes_after"] < optimize["nodes_before"]
 
 
-def test_fill_mask_artifact_predicts_what_transformers_predicts(texts_file, tmp_path):
+def test_fill_mask_artifact_predicts_what_transformers_predicts(texts_file, calibration_file, tmp_path):
     folder = make_checkpoint(tmp_path / "tiny-bert-mlm", "bert", "fill-mask")
-    manifest = _build_fp32(folder, texts_file, tmp_path)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
     assert manifest.checkpoint.task == "fill-mask"
     assert manifest.stage("validate").metrics["top1_agreement"] == 1.0
     model = load(manifest.published["path"])
@@ -107,9 +109,9 @@ def test_fill_mask_artifact_predicts_what_transformers_predicts(texts_file, tmp_
     assert logits.shape == (5, 30522)
 
 
-def test_question_answering_artifact_answers_the_span_transformers_logits_give(texts_file, tmp_path):
+def test_question_answering_artifact_answers_the_span_transformers_logits_give(texts_file, calibration_file, tmp_path):
     folder = make_checkpoint(tmp_path / "tiny-roberta-qa", "roberta", "question-answering")
-    manifest = _build_fp32(folder, texts_file, tmp_path)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
     assert manifest.checkpoint.task == "question-answering"
     assert manifest.stage("validate").metrics["top1_agreement"] == 1.0
     model = load(manifest.published["path"])
@@ -131,9 +133,9 @@ def test_question_answering_artifact_answers_the_span_transformers_logits_give(t
 
 
 @pytest.mark.parametrize("task", ["sequence-classification", "token-classification"])
-def test_classifier_artifact_gives_transformers_logits(task, texts_file, tmp_path):
+def test_classifier_artifact_gives_transformers_logits(task, texts_file, calibration_file, tmp_path):
     folder = make_checkpoint(tmp_path / f"tiny-electra-{task}", "electra", task)
-    manifest = _build_fp32(folder, texts_file, tmp_path)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
     assert manifest.checkpoint.task == task
     [got] = load(manifest.published["path"]).run(["A text to classify, token by token."])
     torch_model, tokenizer = _torch(folder, HEADS[task])
