@@ -49,7 +49,11 @@ def main(quiet: bool, verbose: bool) -> None:
     help="target name (see `pipeline targets`), .toml path, or native: the target of this host's CPU",
 )
 @click.option("--name", default=None, help="artifact name (default: the checkpoint folder's name)")
-@click.option("--task", default=None, help="feature-extraction, sequence-classification or token-classification")
+@click.option(
+    "--task", default=None,
+    help="feature-extraction, sequence-classification, token-classification, fill-mask, question-answering or "
+    "text-generation (default: what config.json's architectures names)",
+)  # fmt: skip
 @click.option("--artifacts-dir", default=None, help="where artifacts are published (default: ./artifacts)")
 @click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
 @click.option("--validation", default=None, help="held-out text for validation (default: data/validation.txt)")

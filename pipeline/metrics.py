@@ -98,15 +98,40 @@ def _embedding_stats(reference: np.ndarray, candidate: np.ndarray) -> dict:
     return stats
 
 
+def _span_stats(reference: list, candidate: list) -> dict:
+    """Question answering, per text [tokens, 2] start and end logits: the share of texts whose start (and end)
+    token is PyTorch's, both counted in top1_agreement; the largest logit and probability differences (the
+    probabilities taken over each text's tokens)."""
+    if not all(np.isfinite(c).all() for c in candidate):
+        return {"finite": False, "max_abs_diff": float("inf")}
+    ref = [np.asarray(r, dtype=np.float64) for r in reference]
+    cand = [np.asarray(c, dtype=np.float64) for c in candidate]
+    start = np.mean([r[:, 0].argmax() == c[:, 0].argmax() for r, c in zip(ref, cand, strict=True)])
+    end = np.mean([r[:, 1].argmax() == c[:, 1].argmax() for r, c in zip(ref, cand, strict=True)])
+    return {
+        "max_abs_diff": float(max(np.abs(r - c).max() for r, c in zip(ref, cand, strict=True))),
+        "start_top1_agreement": float(start),
+        "end_top1_agreement": float(end),
+        "top1_agreement": float((start + end) / 2),
+        "max_probability_diff": float(
+            max(np.abs(_softmax(r.T) - _softmax(c.T)).max() for r, c in zip(ref, cand, strict=True))
+        ),
+    }
+
+
 def compare(metric: str, reference, candidate) -> dict:
     """Accuracy statistics of `candidate` against `reference` for a task's metric kind (for generation, both are
-    {"logits": next-token logits, "tokens": greedy continuations})."""
+    {"logits": next-token logits, "tokens": greedy continuations}; for fill-mask, the vocabulary logits at the
+    masked positions, one row each, judged as classification; for span, question answering's per-text start and
+    end logits)."""
     if metric == "generation":
         stats = compare("classification", reference["logits"], candidate["logits"])
         stats.update(greedy_stats(reference["tokens"], candidate["tokens"]))
         if "teacher" in candidate:
             stats.update(teacher_forced_stats(reference["teacher"], candidate["teacher"]))
         return stats
+    if metric == "span":
+        return _span_stats(reference, candidate)
     if metric == "token-classification":
         reference, candidate = np.concatenate(reference), np.concatenate(candidate)
     reference = np.asarray(reference, dtype=np.float64)
@@ -247,7 +272,9 @@ def teacher_outputs(model, teacher: dict, batch_size: int) -> list[np.ndarray]:
 def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: int = 0, teacher: dict | None = None):
     """What validation compares, from a runtime model: its outputs, or for generation its next-token logits, its
     greedy continuations of `new_tokens` tokens and, given the reference's `teacher` split, its logits along the
-    held-out continuations."""
+    held-out continuations. Fill-mask models give their logits at the masked positions (see `masked_row`)."""
+    if metric == "fill-mask":
+        return model.mask_logits(texts, batch_size=batch_size)
     if metric != "generation":
         return model.run(texts, batch_size=batch_size)
     completions = model.generate(texts, batch_size=batch_size, max_new_tokens=new_tokens, do_sample=False)
@@ -264,6 +291,6 @@ def measure(model, texts: list[str], reference, metric: str, batch_size: int, ne
     single = outputs(model, texts, metric, 1, new_tokens, teacher)
     batched = outputs(model, texts, metric, batch_size, new_tokens, teacher)
     stats = worst(compare(metric, reference, single), compare(metric, reference, batched))
-    if metric in ("embedding", "classification"):
+    if metric in ("embedding", "classification", "fill-mask"):
         stats["batch_spread_max_abs"] = float(np.abs(np.asarray(single) - np.asarray(batched)).max())
     return stats

@@ -18,6 +18,7 @@ from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
 from pipeline.metrics import split_at_middle
 from pipeline.progress import progress
+from pipeline.runtime.encoder import masked_row
 from pipeline.runtime.kv_cache import padded
 from pipeline.tasks import TASKS
 
@@ -74,10 +75,12 @@ def load_hf_tokenizer(checkpoint: Checkpoint):
 
 def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
     """An nn.Module whose forward takes the named inputs positionally and returns the task's output: the pooled
-    (and, for sentence-transformers, normalized) embedding, or the logits."""
+    (and, for sentence-transformers, normalized) embedding, the logits, or a question-answering head's start and
+    end logits stacked as [batch, sequence, 2]."""
     import torch
 
     pooling = checkpoint.pooling
+    spans = checkpoint.task == "question-answering"
 
     class Pooled(torch.nn.Module):
         def __init__(self):
@@ -87,6 +90,8 @@ def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
         def forward(self, *inputs):
             kwargs = dict(zip(input_names, inputs, strict=True))
             out = self.model(**kwargs)
+            if spans:
+                return torch.stack([out.start_logits, out.end_logits], dim=-1)
             if pooling is None:
                 return out.logits
             hidden = out.last_hidden_state
@@ -166,21 +171,30 @@ def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
             enc = tokenizer(
                 *([p] for p in pair), truncation=True, max_length=checkpoint.max_length, return_tensors="pt"
             )
-            out = model(**{k: v for k, v in enc.items() if k in inputs})
+            feeds = {k: v for k, v in enc.items() if k in inputs}
+            positions = None
+            if checkpoint.task == "fill-mask":
+                ids, positions = masked_row(feeds["input_ids"][0].tolist(), tokenizer.mask_token_id)
+                feeds["input_ids"] = torch.tensor([ids])
+            out = model(**feeds)
             if checkpoint.task == "feature-extraction":
                 hidden = out.last_hidden_state[0]
                 mode = checkpoint.pooling["mode"]
                 vector = hidden[0] if mode == "cls" else hidden.max(0).values if mode == "max" else hidden.mean(0)
                 outputs.append(vector.numpy())
+            elif checkpoint.task == "question-answering":
+                outputs.append(torch.stack([out.start_logits[0], out.end_logits[0]], dim=-1).numpy())
             else:
-                outputs.append(out.logits[0].numpy())
+                logits = out.logits[0].numpy()
+                outputs.append(logits if positions is None else logits[positions])
     return outputs
 
 
 def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
     """The PyTorch baseline: SentenceTransformer.encode for sentence-transformers checkpoints, else the
-    transformers model with the same pooling or head; token classification gives one array per text; text
-    generation gives next-token logits and greedy continuations of `new_tokens` tokens."""
+    transformers model with the same pooling or head; token classification and question answering give one array
+    per text; fill-mask gives the vocabulary logits at the masked positions (`masked_row`), all texts' rows in one
+    array; text generation gives next-token logits and greedy continuations of `new_tokens` tokens."""
     if checkpoint.task == "feature-extraction" and (checkpoint.pooling or {}).get("normalize"):
         model = sentence_transformer(checkpoint)
         return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
@@ -188,7 +202,9 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
         model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
         return generation_outputs(model, tokenizer, texts, new_tokens, checkpoint.max_length)
     outputs = _encoder_outputs(checkpoint, texts)
-    return outputs if checkpoint.task == "token-classification" else np.stack(outputs)
+    if checkpoint.task == "fill-mask":
+        return np.concatenate(outputs)
+    return outputs if TASKS[checkpoint.task].per_token else np.stack(outputs)
 
 
 def sentence_transformer(checkpoint: Checkpoint, dtype: str = "float32"):

@@ -1,16 +1,36 @@
 """Every architecture in the table is built end to end; a row without a test fails here."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from pipeline.architectures import ARCHITECTURES
 from pipeline.build import build
 from pipeline.runtime import load
 from pipeline.tasks import TASKS
 
-from .tiny import DECODERS, make_checkpoint, make_decoder
+from .tiny import DECODERS, HEADS, make_checkpoint, make_decoder
 
-TESTED_ENCODERS = ("bert", "roberta", "distilbert", "electra")
+# What ORT's BERT optimizer fuses in each tiny 2-layer encoder; the families it does not know get the generic
+# passes (constant folding, dead-node removal) and no fusion. DistilBERT's attention and the second application
+# of ALBERT's shared layer keep their decomposed form.
+ENCODER_FUSIONS = {
+    "bert": {"EmbedLayerNormalization": 1, "Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2},
+    "electra": {"EmbedLayerNormalization": 1, "Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2},
+    "roberta": {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2, "LayerNormalization": 1},
+    "xlm-roberta": {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2, "LayerNormalization": 1},
+    "camembert": {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2, "LayerNormalization": 1},
+    "distilbert": {"SkipLayerNormalization": 4, "BiasGelu": 2, "LayerNormalization": 1},
+    "albert": {"Attention": 1, "SkipLayerNormalization": 4, "FastGelu": 2, "LayerNormalization": 1},
+    "mpnet": {},
+    "deberta-v2": {},
+    "modernbert": {},
+}
+TESTED_ENCODERS = tuple(ENCODER_FUSIONS)
 TESTED_DECODERS = ("gpt2", "llama", "qwen2", "gpt_neox")
 # What ORT's optimizer fuses in each 2-layer decoder: the residual Add with the next norm (GPT-NeoX's parallel
 # residual leaves one per layer), RMSNorm as SimplifiedLayerNormalization, and the MLP's Gelu.
@@ -20,7 +40,10 @@ DECODER_FUSIONS = {
     "qwen2": {"SkipSimplifiedLayerNormalization": 4, "SimplifiedLayerNormalization": 1},
     "gpt_neox": {"SkipLayerNormalization": 2, "BiasGelu": 2},
 }
-TESTED_TASKS = ("feature-extraction", "sequence-classification", "token-classification", "text-generation")
+TESTED_TASKS = (
+    "feature-extraction", "sequence-classification", "token-classification", "fill-mask", "question-answering",
+    "text-generation",
+)  # fmt: skip
 
 
 def test_every_table_row_has_a_test():
@@ -29,18 +52,95 @@ def test_every_table_row_has_a_test():
     assert set(TESTED_TASKS) == set(TASKS)
 
 
-@pytest.mark.parametrize("model_type", TESTED_ENCODERS)
-def test_build_each_architecture_validates_and_runs(model_type, texts_file, calibration_file, tmp_path):
-    task = "sequence-classification" if model_type == "roberta" else "feature-extraction"
-    folder = make_checkpoint(tmp_path / f"tiny-{model_type}", model_type, task)
-    manifest = build(
-        folder, "cpu-avx2", validation=texts_file, calibration=calibration_file,
+def _build_fp32(folder: Path, data: tuple[Path, Path], tmp_path: Path, task: str | None = None):
+    return build(
+        folder, "cpu-fp32", task=task, validation=data[0], calibration=data[1],
         artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
     )  # fmt: skip
-    model = load(manifest.published["path"])
-    out = model.run(["first text", "and the second one"])
-    assert out.shape == (2, 3 if task != "feature-extraction" else 32) and np.isfinite(out).all()
+
+
+def _torch(folder: Path, head: str = "AutoModel"):
+    model = getattr(transformers, head).from_pretrained(folder, attn_implementation="eager").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def _forward(model, tokenizer, *texts):
+    enc = tokenizer(*texts, return_tensors="pt", return_offsets_mapping=True)
+    accepted = model.forward.__code__.co_varnames
+    if getattr(model.config, "type_vocab_size", 2) < 2:
+        enc.pop("token_type_ids", None)
+    with torch.inference_mode():
+        return model(**{k: v for k, v in enc.items() if k in accepted}), enc
+
+
+@pytest.mark.parametrize("model_type", TESTED_ENCODERS)
+def test_build_each_encoder_matches_transformers_at_fp32_and_reports_its_passes(
+    model_type, texts_file, calibration_file, tmp_path
+):
+    folder = make_checkpoint(tmp_path / f"tiny-{model_type}", model_type)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
     assert manifest.checkpoint.model_type == model_type
+    texts = ["first text", "and the second one, a little longer than the first"]
+    got = load(manifest.published["path"]).run(texts)
+    model, tokenizer = _torch(folder)
+    expected = np.stack([_forward(model, tokenizer, [t])[0].last_hidden_state[0].mean(0).numpy() for t in texts])
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() > 0.99999 and np.abs(got - expected).max() < 1e-4
+    report = json.loads((Path(manifest.published["path"]) / "report.json").read_text())
+    optimize = report["stages"]["optimize"]["metrics"]
+    assert optimize["fused"] == ENCODER_FUSIONS[model_type]
+    assert optimize["passes"] == ("onnxruntime bert fusions" if ENCODER_FUSIONS[model_type] else "generic")
+    assert optimize["nodes_after"] < optimize["nodes_before"]
+
+
+def test_fill_mask_artifact_predicts_what_transformers_predicts(texts_file, calibration_file, tmp_path):
+    folder = make_checkpoint(tmp_path / "tiny-bert-mlm", "bert", "fill-mask")
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
+    assert manifest.checkpoint.task == "fill-mask"
+    assert manifest.stage("validate").metrics["top1_agreement"] == 1.0
+    model = load(manifest.published["path"])
+    [[masked]] = model.fill_mask(["The cat sat on the [MASK] all day."], top_k=3)
+    pipe = transformers.pipeline("fill-mask", model=str(folder), tokenizer=str(folder), top_k=3)
+    expected = pipe("The cat sat on the [MASK] all day.")
+    assert [p["token_id"] for p in masked] == [e["token"] for e in expected]
+    assert [p["token"] for p in masked] == [e["token_str"] for e in expected]
+    np.testing.assert_allclose([p["score"] for p in masked], [e["score"] for e in expected], rtol=1e-4)
+    [logits] = model.run(["a [MASK] b"])
+    assert logits.shape == (5, 30522)
+
+
+def test_question_answering_artifact_answers_the_span_transformers_logits_give(texts_file, calibration_file, tmp_path):
+    folder = make_checkpoint(tmp_path / "tiny-roberta-qa", "roberta", "question-answering")
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
+    assert manifest.checkpoint.task == "question-answering"
+    assert manifest.stage("validate").metrics["top1_agreement"] == 1.0
+    model = load(manifest.published["path"])
+    question = "Where did the cat sit?"
+    context = "The cat sat on the mat by the door, and the dog slept in the garden all afternoon."
+    [got] = model.answer([question], [context], max_answer_length=5)
+    torch_model, tokenizer = _torch(folder, "AutoModelForQuestionAnswering")
+    out, enc = _forward(torch_model, tokenizer, [question], [context])
+    start, end = out.start_logits[0].numpy(), out.end_logits[0].numpy()
+    in_context = [i for i, s in enumerate(enc.sequence_ids(0)) if s == 1]
+    best = max(
+        ((i, j) for i in in_context for j in in_context if i <= j < i + 5), key=lambda ij: start[ij[0]] + end[ij[1]]
+    )
+    offsets = enc["offset_mapping"][0].tolist()
+    assert (got["start"], got["end"]) == (offsets[best[0]][0], offsets[best[1]][1])
+    assert got["answer"] == context[got["start"] : got["end"]] and got["answer"]
+    [logits] = model.run([(question, context)])
+    np.testing.assert_allclose(logits, np.stack([start, end], -1), atol=1e-4)
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "token-classification"])
+def test_classifier_artifact_gives_transformers_logits(task, texts_file, calibration_file, tmp_path):
+    folder = make_checkpoint(tmp_path / f"tiny-electra-{task}", "electra", task)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
+    assert manifest.checkpoint.task == task
+    [got] = load(manifest.published["path"]).run(["A text to classify, token by token."])
+    torch_model, tokenizer = _torch(folder, HEADS[task])
+    expected = _forward(torch_model, tokenizer, ["A text to classify, token by token."])[0].logits[0].numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
 @pytest.mark.parametrize("model_type", TESTED_DECODERS)

@@ -22,7 +22,32 @@ HEADS = {
     "feature-extraction": "AutoModel",
     "sequence-classification": "AutoModelForSequenceClassification",
     "token-classification": "AutoModelForTokenClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+    "question-answering": "AutoModelForQuestionAnswering",
 }
+_LAYERS = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+# RoBERTa-style families count positions from the padding index + 1 and take no segment ids.
+_ROBERTA = {**_LAYERS, "pad_token_id": 0, "max_position_embeddings": 130, "type_vocab_size": 1}
+# Per encoder family: config settings beside the common vocabulary and positions. Special token ids are MiniLM's
+# ([PAD] 0, [CLS] 101, [SEP] 102), the tokenizer every tiny encoder borrows.
+ENCODERS = {
+    "bert": _LAYERS,
+    "roberta": _ROBERTA,
+    "xlm-roberta": _ROBERTA,
+    "camembert": _ROBERTA,
+    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "pad_token_id": 0},
+    "electra": {**_LAYERS, "embedding_size": 32},
+    "albert": {**_LAYERS, "embedding_size": 16, "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102},
+    "mpnet": {**_LAYERS, "pad_token_id": 0, "max_position_embeddings": 130},
+    "deberta-v2": {
+        **_LAYERS, "pad_token_id": 0, "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+        "position_buckets": 16, "max_relative_positions": 64,
+    },
+    "modernbert": {
+        **_LAYERS, "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101,
+        "sep_token_id": 102, "global_attn_every_n_layers": 2, "local_attention": 16, "reference_compile": False,
+    },
+}  # fmt: skip
 
 
 def tiny_config(model_type: str, task: str):
@@ -30,20 +55,8 @@ def tiny_config(model_type: str, task: str):
     from transformers import AutoConfig
 
     common = {"vocab_size": 30522, "max_position_embeddings": 128}
-    sizes = {
-        "bert": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64},
-        "electra": {
-            "hidden_size": 32, "embedding_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 64,
-        },
-        "roberta": {
-            "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
-            "pad_token_id": 0, "max_position_embeddings": 130, "type_vocab_size": 1,
-        },
-        "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "pad_token_id": 0},
-    }[model_type]  # fmt: skip
-    config = AutoConfig.for_model(model_type, **{**common, **sizes})
-    if task != "feature-extraction":
+    config = AutoConfig.for_model(model_type, **{**common, **ENCODERS[model_type]})
+    if task in ("sequence-classification", "token-classification"):
         config.num_labels = 3
         config.id2label = {0: "neg", 1: "neu", 2: "pos"}
         config.label2id = {v: k for k, v in config.id2label.items()}
@@ -123,8 +136,8 @@ def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config
 def main(argv: list[str]) -> None:
     """`python -m tests.tiny MODEL_TYPE FOLDER`: save a tiny checkpoint (a decoder family, or an encoder)."""
     if len(argv) != 2:
-        sys.exit(f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: bert, "
-                 "roberta, distilbert, electra")  # fmt: skip
+        sys.exit(f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: "
+                 f"{', '.join(ENCODERS)}")  # fmt: skip
     model_type, folder = argv
     if model_type in DECODERS:
         make_decoder(Path(folder), model_type)

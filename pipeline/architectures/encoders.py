@@ -26,11 +26,28 @@ ENCODERS = (
 
 
 def encoder_inputs(tokenizer, model) -> list[str]:
-    """The inputs an encoder's graph takes: the tokenizer's, where the model's forward accepts them."""
+    """The inputs an encoder's forward takes: the tokenizer's, where the model's forward accepts them.
+
+    Segment ids are left out where the model has fewer than two segment types (RoBERTa-style and DeBERTa-v2
+    models): there they are all zero, and a tokenizer borrowed from BERT would feed ones for a pair. What the
+    exported graph finally takes is read back from it (`graph_inputs`): tracing drops inputs the graph never reads.
+    """
     import inspect
 
     accepted = set(inspect.signature(model.forward).parameters)
+    if getattr(model.config, "type_vocab_size", 2) < 2:
+        accepted.discard("token_type_ids")
     names = ["input_ids", "attention_mask"] + [
         n for n in tokenizer.model_input_names if n not in ("input_ids", "attention_mask")
     ]
     return [n for n in names if n in accepted]
+
+
+def graph_inputs(session, offered: list[str]) -> list[str]:
+    """The inputs an exported graph takes, in the order it declares them; an input it takes that the tokenizer
+    does not make is an error (the runtime could not feed it)."""
+    names = [i.name for i in session.get_inputs()]
+    unknown = [n for n in names if n not in offered]
+    if unknown:
+        raise ValueError(f"the exported graph takes {unknown}, which the tokenizer does not make ({offered})")
+    return names

@@ -28,7 +28,10 @@ _MANIFEST_FIELDS = {
     "target_spec": dict,
     "host": dict,
 }
-TASKS = ("feature-extraction", "sequence-classification", "token-classification", "text-generation")
+TASKS = (
+    "feature-extraction", "sequence-classification", "token-classification", "fill-mask", "question-answering",
+    "text-generation",
+)  # fmt: skip
 _DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
 _MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
 

@@ -1,4 +1,6 @@
-"""The runtime for encoder artifacts (embeddings, sequence and token classification): text in, arrays out."""
+"""The runtime for encoder artifacts: text in, arrays out (embeddings, sequence and token classification, masked-LM
+logits, question-answering start/end logits), and the task's own entry points: `fill_mask` (top tokens at each
+mask) and `answer` (the best span of a context, as text)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,37 @@ def length_buckets(lengths: list[int], batch_size: int, bucketing: bool = True) 
         else:
             current.append(index)
     return batches
+
+
+def masked_row(ids: list[int], mask_id: int) -> tuple[list[int], list[int]]:
+    """A token row and the positions of its mask tokens; a row without one gets its middle token masked. What a
+    fill-mask graph is judged on: the runtime and the PyTorch reference mask the same position."""
+    positions = [i for i, token in enumerate(ids) if token == mask_id]
+    if positions:
+        return list(ids), positions
+    middle = len(ids) // 2
+    return [mask_id if i == middle else token for i, token in enumerate(ids)], [middle]
+
+
+def best_span(logits, sequence_ids: list, max_answer_length: int) -> tuple[int, int, float] | None:
+    """The (start, end, score) token span with the highest start + end logit among spans inside the context (the
+    second sequence, or the only one where there is no pair), start <= end, at most `max_answer_length` tokens;
+    the score is the product of the start and end probabilities over the context tokens. None without context."""
+    import numpy as np
+
+    context_id = 1 if 1 in sequence_ids else 0
+    context = np.array([s == context_id for s in sequence_ids])
+    if not context.any():
+        return None
+    start = np.where(context, logits[:, 0], -np.inf)
+    end = np.where(context, logits[:, 1], -np.inf)
+    n = len(sequence_ids)
+    offsets = np.arange(n)[None, :] - np.arange(n)[:, None]
+    scores = start[:, None] + end[None, :]
+    scores[(offsets < 0) | (offsets >= max_answer_length)] = -np.inf
+    i, j = np.unravel_index(int(np.argmax(scores)), scores.shape)
+    p_start, p_end = np.exp(start - start.max()), np.exp(end - end.max())
+    return int(i), int(j), float(p_start[i] / p_start.sum() * p_end[j] / p_end.sum())
 
 
 class EncoderInputs:
@@ -102,25 +135,91 @@ class Model:
         return length_buckets(lengths, batch_size, bucketing)
 
     def run(self, texts, batch_size: int | None = None, bucketing: bool = True):
-        """Run the model on a list of strings (or of (text, text_pair) tuples, for pair classifiers).
+        """Run the model on a list of strings (or of (text, text_pair) tuples, for pair classifiers and
+        (question, context) pairs for question answering).
 
         Inputs are bucketed by length (see `length_buckets`), so a short text does not pay for a long one.
         Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an
-        array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays.
+        array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays; fill-mask, a
+        list of [tokens, vocab] logit arrays; question-answering, a list of [tokens, 2] start and end logits.
         """
-        np = self._np
         batch_size = check_batch_size(batch_size, "run()") or self.batch_size
-        encodings = self.encode(texts)
+        return self._outputs(self.encode(texts), batch_size, bucketing)
+
+    def _outputs(self, encodings, batch_size: int, bucketing: bool = True, ids: list | None = None):
+        """The graph's output for each encoding (`ids`, where given, replace the encodings' token ids)."""
+        np = self._np
+        per_token = self.task in ("token-classification", "fill-mask", "question-answering")
         results: list = [None] * len(encodings)
         lengths = [len(e.ids) for e in encodings]
         for chunk in self.batches(lengths, batch_size, bucketing):
             feeds = self.feeds([encodings[i] for i in chunk])
+            if ids is not None:
+                for row, index in enumerate(chunk):
+                    feeds["input_ids"][row, : lengths[index]] = ids[index]
             out = self.session.run([self.output_name], feeds)[0]
             for row, index in enumerate(chunk):
-                if self.task == "token-classification":
-                    results[index] = out[row, : lengths[index]]
-                else:
-                    results[index] = out[row]
-        if self.task == "token-classification":
-            return results
-        return np.stack(results)
+                results[index] = out[row, : lengths[index]] if per_token else out[row]
+        return results if per_token else np.stack(results)
+
+    def _check_task(self, task: str, call: str) -> None:
+        if self.task != task:
+            raise InputError(f"{call} needs a {task} artifact; this one is {self.task}: use run()")
+
+    def mask_logits(self, texts, batch_size: int | None = None):
+        """Vocabulary logits [masks, vocab] at the mask tokens of each text in turn; a text without one gets its
+        middle token masked (`masked_row`). What a fill-mask artifact is validated on."""
+        self._check_task("fill-mask", "mask_logits()")
+        batch_size = check_batch_size(batch_size, "mask_logits()") or self.batch_size
+        encodings = self.encode(texts)
+        rows = [masked_row(e.ids, int(self.spec["mask_id"])) for e in encodings]
+        logits = self._outputs(encodings, batch_size, ids=[ids for ids, _ in rows])
+        return self._np.concatenate([out[positions] for out, (_, positions) in zip(logits, rows, strict=True)])
+
+    def fill_mask(self, texts, top_k: int = 5, batch_size: int | None = None) -> list[list[list[dict]]]:
+        """For each text, for each of its mask tokens, the `top_k` most likely tokens, each a dict of token_id,
+        token (decoded text) and score (softmax probability), most likely first."""
+        self._check_task("fill-mask", "fill_mask()")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InputError(f"fill_mask(top_k={top_k!r}) must be a positive int")
+        np = self._np
+        batch_size = check_batch_size(batch_size, "fill_mask()") or self.batch_size
+        encodings = self.encode(texts)
+        mask_id = int(self.spec["mask_id"])
+        results = []
+        for enc, logits in zip(encodings, self._outputs(encodings, batch_size), strict=True):
+            masks = []
+            for position in [i for i, token in enumerate(enc.ids) if token == mask_id]:
+                row = logits[position].astype(np.float64)
+                probs = np.exp(row - row.max())
+                probs /= probs.sum()
+                best = np.argsort(-probs, kind="stable")[:top_k]
+                masks.append([{"token_id": int(t), "token": self.tokenizer.decode([int(t)]), "score": float(probs[t])}
+                              for t in best])  # fmt: skip
+            results.append(masks)
+        return results
+
+    def answer(self, questions, contexts, max_answer_length: int = 30, batch_size: int | None = None) -> list[dict]:
+        """Extractive question answering: for each (question, context), the best span of the context (see
+        `best_span`) as a dict of answer (the context's text of that span, through the tokenizer's offsets), start
+        and end (character offsets into the context) and score. A context cut away entirely by truncation gives
+        an empty answer with score 0."""
+        self._check_task("question-answering", "answer()")
+        questions = check_texts(questions, "answer()")
+        contexts = check_texts(contexts, "answer()")
+        if len(questions) != len(contexts):
+            raise InputError(f"answer() got {len(questions)} questions and {len(contexts)} contexts; pass one each")
+        if isinstance(max_answer_length, bool) or not isinstance(max_answer_length, int) or max_answer_length < 1:
+            raise InputError(f"answer(max_answer_length={max_answer_length!r}) must be a positive int")
+        batch_size = check_batch_size(batch_size, "answer()") or self.batch_size
+        encodings = self.encode(list(zip(questions, contexts, strict=True)))
+        results = []
+        for enc, logits, context in zip(encodings, self._outputs(encodings, batch_size), contexts, strict=True):
+            span = best_span(logits, enc.sequence_ids, max_answer_length)
+            if span is None:
+                results.append({"answer": "", "start": 0, "end": 0, "score": 0.0})
+                continue
+            first, last, score = span
+            start, end = enc.offsets[first][0], enc.offsets[last][1]
+            results.append({"answer": context[start:end], "start": start, "end": end, "score": score})
+        return results

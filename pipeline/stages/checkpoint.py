@@ -78,6 +78,14 @@ def _pooling(folder: Path) -> dict | None:
     return pooling
 
 
+def _task_from_head(config: dict, pooling: dict | None) -> str | None:
+    """The task config.json's `architectures` names; a masked-LM head under a sentence-transformers modules.json is
+    the encoder of an embedding model (its pooling says so), not a fill-mask model."""
+    heads = config.get("architectures") or []
+    task = next((t for suffix, t in TASK_FROM_HEAD.items() for a in heads if str(a).endswith(suffix)), None)
+    return None if task == "fill-mask" and pooling is not None else task
+
+
 def _max_length(folder: Path, config: dict, target: Target) -> int:
     limits = []
     st_config = folder / "sentence_bert_config.json"
@@ -117,18 +125,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
     pooling = _pooling(folder)
-    task = manifest.task_override
-    if task is None:
-        head = next(
-            (
-                t
-                for suffix, t in TASK_FROM_HEAD.items()
-                for a in config.get("architectures") or []
-                if a.endswith(suffix)
-            ),
-            None,
-        )
-        task = head or DEFAULT_TASK[arch.family]
+    task = manifest.task_override or _task_from_head(config, pooling) or DEFAULT_TASK[arch.family]
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
     family = arch.family

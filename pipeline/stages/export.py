@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 from pipeline.architectures import Architecture, architecture_of
-from pipeline.architectures.encoders import encoder_inputs
+from pipeline.architectures.encoders import encoder_inputs, graph_inputs
 from pipeline.cache import StageSpec, run_cached
 from pipeline.chat_template import chat_template_spec
 from pipeline.errors import ExportError
@@ -34,7 +34,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
 OPSET = 17
-VERSION = 7  # 7: decoder specs carry the checkpoint's chat template
+VERSION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +123,11 @@ def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
 
 
 def runtime_spec(checkpoint: Checkpoint, tokenizer, input_names: list[str]) -> dict:
-    """What the runtime loader needs to feed the graph and read its output."""
+    """What the runtime loader needs to feed the graph and read its output: the graph's own inputs, its output,
+    the labels of a classifier head, the mask token of a masked-LM head."""
     config = checkpoint.config
-    labels = config.get("id2label") if checkpoint.task != "feature-extraction" else None
-    return {
+    labels = config.get("id2label") if TASKS[checkpoint.task].labelled else None
+    spec = {
         "task": checkpoint.task,
         "inputs": input_names,
         "output": TASKS[checkpoint.task].output,
@@ -134,6 +135,11 @@ def runtime_spec(checkpoint: Checkpoint, tokenizer, input_names: list[str]) -> d
         "pad_id": int(tokenizer.pad_token_id or 0),
         "labels": {str(k): v for k, v in labels.items()} if labels else None,
     }
+    if checkpoint.task == "fill-mask":
+        if tokenizer.mask_token_id is None:
+            raise ExportError(f"{checkpoint.path}: a fill-mask model needs a tokenizer with a mask token; it has none")
+        spec["mask_id"] = int(tokenizer.mask_token_id)
+    return spec
 
 
 def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool) -> float:
@@ -258,33 +264,48 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
 def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     """Export `checkpoint` to `out`/model.onnx and `out`/tokenizer.json, checked against PyTorch on a probe input;
     returns the runtime spec and the probe's difference."""
+    arch = architecture_of(checkpoint)
+    if arch.family == "decoder":
+        return _export_decoder(checkpoint, arch, out)
+    return _export_encoder(checkpoint, out)
+
+
+def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
     import numpy as np
     import onnxruntime as ort
     import torch
 
-    arch = architecture_of(checkpoint)
-    if arch.family == "decoder":
-        return _export_decoder(checkpoint, arch, out)
     tokenizer = load_hf_tokenizer(checkpoint)
     model = load_torch_model(checkpoint)
-    input_names = encoder_inputs(tokenizer, model)
+    offered = encoder_inputs(tokenizer, model)
     probe = tokenizer(list(PROBE_TEXTS), padding=True, return_tensors="pt")
-    args = tuple(probe[name] for name in input_names)
-    wrapper = pooled_module(model, checkpoint, input_names)
-    output = TASKS[checkpoint.task].output
-    axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
-    axes[output] = {0: "batch", 1: "sequence"} if checkpoint.task == "token-classification" else {0: "batch"}
+    args = tuple(probe[name] for name in offered)
+    wrapper = pooled_module(model, checkpoint, offered)
+    task = TASKS[checkpoint.task]
+    axes = {name: {0: "batch", 1: "sequence"} for name in offered}
+    axes[task.output] = {0: "batch", 1: "sequence"} if task.per_token else {0: "batch"}
     with torch.inference_mode():
         expected = wrapper(*args).numpy()
     if not np.isfinite(expected).all():
         raise ExportError(f"{checkpoint.path}: the PyTorch model itself outputs NaN or inf; its weights are broken")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            wrapper, args, str(out / "model.onnx"), dynamo=False, opset_version=OPSET,
-            input_names=input_names, output_names=[output], dynamic_axes=axes, do_constant_folding=True,
-        )  # fmt: skip
+        try:
+            torch.onnx.export(
+                wrapper, args, str(out / "model.onnx"), dynamo=False, opset_version=OPSET,
+                input_names=offered, output_names=[task.output], dynamic_axes=axes, do_constant_folding=True,
+            )  # fmt: skip
+        except Exception as err:  # torch raises many types while tracing; all mean the same to the user
+            first = (str(err).splitlines() or [""])[0]
+            raise ExportError(
+                f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task} "
+                f"({type(err).__name__}: {first})"
+            ) from None
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    try:
+        input_names = graph_inputs(session, offered)
+    except ValueError as err:
+        raise ExportError(f"{checkpoint.path}: {err}") from None
     got = session.run(None, {name: probe[name].numpy() for name in input_names})[0]
     if not np.isfinite(got).all():
         raise ExportError(f"the exported graph of {checkpoint.path} outputs NaN or inf on a probe input")
@@ -293,7 +314,7 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
         raise ExportError(f"the exported graph differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
     spec = runtime_spec(checkpoint, tokenizer, input_names)
-    return {"spec": spec, "probe_max_abs_diff": diff}
+    return {"spec": spec, "probe_max_abs_diff": diff, "dropped_inputs": [n for n in offered if n not in input_names]}
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:

@@ -99,12 +99,12 @@ def _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, me
             continue
         path = work / "single.onnx"
         quantize_one(path, only=[node.name])
-        scores = open_graph(path).run(texts, batch_size=batch)
+        model = open_graph(path)
         # Decoders are ranked on their next-token logits alone: generating for every node would be slow.
         if metric == "generation":
-            stats = compare("classification", reference["logits"], scores)
+            stats = compare("classification", reference["logits"], model.run(texts, batch_size=batch))
         else:
-            stats = compare(metric, reference, scores)
+            stats = compare(metric, reference, outputs(model, texts, metric, batch))
         sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
     return sorted(sensitivity, key=lambda s: -s["error"])
 

@@ -34,7 +34,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
-from pipeline.metrics import compare, development_gate, failures, measure
+from pipeline.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.progress import progress
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -244,7 +244,7 @@ def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out
     def make(candidate: Candidate):
         made = _build(manifest, target, candidate, out / "work" / candidate.name, texts, reference)
         model = candidate_model(manifest, target, made["graph"], made["backend"], {**made["session"], **NO_SPINNING})
-        stats = compare(metric, reference, model.run(development, batch_size=target.shapes.batch_size))
+        stats = compare(metric, reference, outputs(model, development, metric, target.shapes.batch_size))
         return made, model, stats, development_gate(target.accuracy, len(development)), {"fallback": made["fallback"]}
 
     rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)

@@ -52,9 +52,7 @@ def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
     shutil.copytree(tiny_bert, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
-    with pytest.raises(
-        InputError, match=r"'t5' is not supported \(encoder-decoder models.*\); supported: albert"
-    ):
+    with pytest.raises(InputError, match=r"'t5' is not supported \(encoder-decoder models.*\); supported: albert"):
         _run(folder)
 
 
@@ -124,3 +122,26 @@ def test_run_refuses_a_model_type_transformers_does_not_know(tmp_path, tiny_bert
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "my_own_bert"}))
     with pytest.raises(InputError, match=r"'my_own_bert' is not supported \(transformers has no such model type"):
         _run(folder)
+
+
+@pytest.mark.parametrize(("head", "task"), [("fill-mask", "fill-mask"), ("question-answering", "question-answering")])
+def test_run_detects_the_task_of_a_masked_lm_or_question_answering_head(tmp_path, head, task):
+    folder = make_checkpoint(tmp_path / head, "bert", head)
+    info = _run(folder)
+    assert info.task == task and info.pooling is None
+
+
+def test_run_takes_a_masked_lm_with_sentence_transformers_modules_for_an_embedding_model(tmp_path):
+    folder = make_checkpoint(tmp_path / "st-mlm", "mpnet", "fill-mask")
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["MPNetForMaskedLM"]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    info = _run(folder)
+    assert info.task == "feature-extraction" and info.pooling == {"mode": "mean", "normalize": True}
+    assert _run(folder, task="fill-mask").task == "fill-mask"  # a user may still ask for the head

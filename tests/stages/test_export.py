@@ -134,3 +134,36 @@ def test_onnx_from_causal_lm_refuses_generation_settings_it_cannot_follow(tiny_g
     (folder / "generation_config.json").write_text(json.dumps({**config, "num_beams": 4, "no_repeat_ngram_size": 3}))
     with pytest.raises(ExportError, match=r"sets no_repeat_ngram_size, num_beams, which the runtime's generate\(\)"):
         _export(folder, tmp_path / "cache")
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2"])
+def test_onnx_from_checkpoint_feeds_only_the_inputs_the_graph_reads(tmp_path, model_type):
+    # Both borrow BERT's tokenizer, which makes token_type_ids: RoBERTa has one segment type (a pair's ones would
+    # index past it), and tracing DeBERTa-v2 (no segment embedding) drops the input from the graph.
+    folder = make_checkpoint(tmp_path / model_type, model_type)
+    record = _export(folder, tmp_path / "cache").stage("export")
+    session = ort.InferenceSession(str(record.output("model.onnx")), providers=["CPUExecutionProvider"])
+    inputs = [i.name for i in session.get_inputs()]
+    assert inputs == record.metrics["spec"]["inputs"] == ["input_ids", "attention_mask"]
+
+
+def test_graph_inputs_follow_the_graph_and_refuse_one_no_tokenizer_makes(tmp_path):
+    import onnx
+
+    from pipeline.architectures.encoders import graph_inputs
+
+    def session(names):
+        ints = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [1, 2]) for n in names]
+        graph = onnx.helper.make_graph(
+            [onnx.helper.make_node("Add", names[:2], ["y"])], "g", ints,
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [1, 2])],
+        )  # fmt: skip
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+        path = tmp_path / f"{len(names)}.onnx"
+        onnx.save(model, str(path))
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    offered = ["input_ids", "attention_mask", "token_type_ids"]
+    assert graph_inputs(session(["input_ids", "attention_mask"]), offered) == ["input_ids", "attention_mask"]
+    with pytest.raises(ValueError, match=r"takes \['position_ids'\], which the tokenizer does not make"):
+        graph_inputs(session(["input_ids", "position_ids"]), offered)
