@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 from pipeline.bench.common import median_range
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import failures, teacher_forced_stats, teacher_outputs
+from pipeline.onnx_files import copy_graph
 from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
 from pipeline.reference import load_hf_tokenizer, load_torch_model, teacher_forced
@@ -45,7 +45,7 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path,
     work.mkdir(parents=True)
     fp32 = manifest.stage("optimize").output("model.onnx")
     if candidate.quantize == "none":
-        shutil.copyfile(fp32, work / "model.onnx")
+        copy_graph(fp32, work / "model.onnx")
     elif candidate.quantize == "weight_only":
         settings = dataclasses.replace(
             target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks,

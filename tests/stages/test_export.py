@@ -134,3 +134,21 @@ def test_onnx_from_causal_lm_refuses_generation_settings_it_cannot_follow(tiny_g
     (folder / "generation_config.json").write_text(json.dumps({**config, "num_beams": 4, "no_repeat_ngram_size": 3}))
     with pytest.raises(ExportError, match=r"sets no_repeat_ngram_size, num_beams, which the runtime's generate\(\)"):
         _export(folder, tmp_path / "cache")
+
+
+def test_onnx_from_causal_lm_keeps_weights_in_a_data_file_when_over_the_limit(tmp_path, monkeypatch):
+    from pipeline import onnx_files
+    from pipeline.stages import optimize
+
+    from ..tiny import make_decoder
+
+    monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
+    manifest = _export(make_decoder(tmp_path / "tiny-llama", "llama"), tmp_path / "cache")
+    record = manifest.stage("export")
+    graph = record.output("model.onnx")
+    assert onnx_files.graph_files(graph) == [graph, graph.parent / "model.onnx.data"]
+    assert "model.onnx.data" in record.outputs  # the cache records it (and checks its sha256 on reuse)
+    assert record.metrics["attention"]["op"] == "GroupQueryAttention"
+    assert record.metrics["probe_max_abs_diff"] <= 1e-3  # probed on the pair, against PyTorch
+    optimized = optimize.run(manifest, load_target("cpu-fp32")).stage("optimize").output("model.onnx")
+    assert onnx_files.graph_files(optimized) == [optimized, optimized.parent / "model.onnx.data"]
