@@ -117,3 +117,21 @@ def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusio
     graph = tmp_path / "out" / "model.onnx"
     assert graph_files(graph) == [graph, tmp_path / "out" / "model.onnx.data"]
     np.testing.assert_allclose(_run(graph), _run_single(tmp_path), rtol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["cpu-avx2-dynamic", "cpu-int8-weights"])
+def test_quantized_graph_of_a_data_file_graph_is_one_file_where_it_fits(tmp_path, monkeypatch, target):
+    from pipeline.quantization import quantize_dynamic, quantize_weight_only
+    from pipeline.targets import load_target
+
+    monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
+    save_graph(_graph(), tmp_path / "m.onnx")
+    monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1 << 20)
+    settings = load_target(target).quantize
+    quantize = quantize_dynamic if settings.mode == "dynamic" else quantize_weight_only
+    quantize(tmp_path / "m.onnx", tmp_path / "q.onnx", settings)
+    assert graph_files(tmp_path / "q.onnx") == [tmp_path / "q.onnx"]
+    assert not (tmp_path / "q.onnx.data").exists()
+    _run_single(tmp_path)  # the same graph in one file, quantized alike: the data file changes nothing
+    quantize(tmp_path / "single" / "m.onnx", tmp_path / "single" / "q.onnx", settings)
+    np.testing.assert_array_equal(_run(tmp_path / "q.onnx"), _run(tmp_path / "single" / "q.onnx"))
