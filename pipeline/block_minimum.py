@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.onnx_files import load_graph, save_graph
+
 LEVELS = 15  # 4-bit codes 0..15
 DEFAULT_ZERO_POINT = 8  # MatMulNBits' zero point for 4-bit blocks when none is given
 
@@ -61,10 +63,9 @@ def _weight(node, initializers: dict, excluded: set):
 def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_level: int, exclude=(), only=None):
     """Rewrite every constant-weight MatMul of `source` (bar those in `exclude`, or, given `only`, all others) into
     4-bit blocks with a float minimum, written to `dest`. Returns the number of MatMuls rewritten."""
-    import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(source))
+    model = load_graph(source)
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
@@ -102,5 +103,5 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
     graph.initializer.extend(kept + added)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    onnx.save(model, str(dest))
+    save_graph(model, dest)
     return len(replaced)

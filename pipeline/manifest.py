@@ -104,6 +104,20 @@ class Manifest:
         """The graphs this build publishes, by file name, as paths."""
         return {name: record.output(name) for name, record in self.graph_records().items()}
 
+    def graph_files(self) -> dict[str, Path]:
+        """Every file of the graphs this build publishes, by file name: the graphs, and the data file beside each
+        ONNX graph whose weights did not fit in it (referenced by name, so published under that same name)."""
+        from pipeline.onnx_files import graph_files
+
+        files = {}
+        for name, path in self.graphs().items():
+            files[name] = path
+            for data in graph_files(path)[1:] if name.endswith(".onnx") else ():
+                if data.name in files or data.name in self.graphs():
+                    raise PipelineError(f"{name} and another graph both keep their weights in {data.name}")
+                files[data.name] = data
+        return files
+
 
 def runtime_spec(manifest: Manifest, target) -> dict:
     """What the loader needs to feed the graph and read its output: the export's spec, plus the runtime-only

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.block_minimum import quantize_with_block_minimum
 from pipeline.errors import QuantizationError
+from pipeline.onnx_files import graph_files, load_graph, save_graph, save_if_small
 from pipeline.progress import progress
 from pipeline.quiet import silenced
 from pipeline.timing import alternate
@@ -35,13 +36,16 @@ def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_
     import onnx
     import onnxruntime as ort
 
-    graph = onnx.load(str(source))
+    graph = load_graph(source, load_data=False)
     names = sorted({n.input[0] for n in nodes})
     known = {o.name for o in graph.graph.output}
     for name in names:
         if name not in known:
             graph.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # The graph is handed over from memory; weights in a data file are read from beside `source`.
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(source.parent))
+    session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
     encodings = model.encode(texts)
     ranges: dict[str, np.ndarray] = {}
     for start in progress(range(0, len(encodings), batch_size), "calibration: activation ranges"):
@@ -61,7 +65,7 @@ def smooth(source: Path, out: Path, ranges: dict[str, np.ndarray], op_types, alp
     import onnx
     from onnx import numpy_helper
 
-    graph = onnx.load(str(source))
+    graph = load_graph(source)
     initializers = {i.name: i for i in graph.graph.initializer}
     targets = {n.name for n in quantizable_nodes(graph, op_types)}
     nodes, smoothed, users = [], [], {}
@@ -89,7 +93,7 @@ def smooth(source: Path, out: Path, ranges: dict[str, np.ndarray], op_types, alp
         nodes.append(node)
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
-    onnx.save(graph, str(out))
+    save_graph(graph, out)
     return smoothed
 
 
@@ -100,6 +104,7 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
     weight_type = QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8
+    large = len(graph_files(source)) > 1
     with silenced():
         try:
             ort_quantize_dynamic(
@@ -109,9 +114,12 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
                 # Fused ops (SkipLayerNormalization...) have no ONNX shape inference; without this their
                 # outputs' type is unknown and quantization stops with "Unable to find data type".
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+                use_external_data_format=large,
             )  # fmt: skip
         except Exception as err:  # onnxruntime raises bare Exceptions here
             raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
+    if large:  # int8 weights are a quarter of the fp32 ones: one file again where they fit
+        save_if_small(out)
 
 
 def calibration_reader(model, texts: list[str], batch_size: int):
@@ -194,12 +202,11 @@ def widen_ranges(ranges_cache: Path, margin: float) -> None:
 def with_shapes(source: Path, out: Path) -> Path:
     """A copy of `source` with symbolic shape inference run over it: fused ops have no ONNX shape inference, and
     static quantization needs every activation's type."""
-    import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     with silenced():
-        inferred = SymbolicShapeInference.infer_shapes(onnx.load(str(source)), auto_merge=True)
-    onnx.save(inferred, str(out))
+        inferred = SymbolicShapeInference.infer_shapes(load_graph(source), auto_merge=True)
+    save_graph(inferred, out)
     return out
 
 
@@ -231,20 +238,20 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     _weight_only(source, body, settings, sorted(fp32 | set(wider)))
     blocks = "symmetric" if settings.blocks == "minimum" else settings.blocks  # minimum is 4-bit: its head is 8
     _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=wider)
-    body.unlink()
+    for file in graph_files(body):
+        file.unlink()
 
 
 def _weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
     """quantize_weight_only for every MatMul at `settings.bits`."""
     import logging
 
-    import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     if settings.blocks == "minimum":
         quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, exclude, only)
         return
-    model = onnx.load(str(source))
+    model = load_graph(source)  # the quantizer works on this one copy of the weights, replacing them node by node
     names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = list(exclude) + ([n for n in names if n not in set(only)] if only is not None else [])
     config = DefaultWeightOnlyQuantConfig(
@@ -259,4 +266,5 @@ def _weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> N
         quantizer.process()
     finally:
         logging.getLogger().setLevel(level)
-    quantizer.model.save_model_to_file(str(dest), use_external_data_format=False)
+    quantizer.model.topological_sort()
+    save_graph(quantizer.model.model, dest)

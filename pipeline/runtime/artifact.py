@@ -1,7 +1,7 @@
 """A published artifact on disk: its manifest schema, the hashing the build and the loader share, and the check
 that every file is the one the build validated.
 
-    artifacts/<model>/v<N>/<target>/   <graph files>  tokenizer.json  report.json  manifest.json
+    artifacts/<model>/v<N>/<target>/   <graph files>  [<graph>.data]  tokenizer.json  report.json  manifest.json
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
+DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
 MANIFEST_SCHEMA = 2
 _MANIFEST_FIELDS = {
     "manifest_sha256": str,
@@ -149,6 +150,13 @@ def verify_artifact(path: Path) -> dict:
     if manifest["graph"] not in files or "tokenizer.json" not in files:
         raise ArtifactError(f"{manifest_path} does not list its graph {manifest['graph']} and tokenizer.json")
     present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
+    for name in sorted(files):
+        graph = name.removesuffix(DATA_SUFFIX)
+        if graph != name and graph in files and name not in present:  # before the unlisted check: a rename
+            raise ArtifactError(
+                f"{root / name}, the weights of {graph}, is missing from the artifact (renamed or deleted); restore "
+                "it under that name or rebuild"
+            )
     extra = sorted(present - set(files))
     if extra:
         raise ArtifactError(

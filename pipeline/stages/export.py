@@ -28,6 +28,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.chat_template import chat_template_spec
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
+from pipeline.onnx_files import load_graph, save_graph
 from pipeline.quiet import silenced
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
 from pipeline.targets import Target
@@ -211,7 +212,6 @@ def _fused_attention(graph, model, arch: Architecture, max_length: int) -> dict:
 
 
 def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> dict:
-    import onnx
     import onnxruntime as ort
     from optimum.exporters.onnx import main_export
 
@@ -231,15 +231,10 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
                 f"optimum could not export {checkpoint.path} for text generation with a KV cache "
                 f"({type(err).__name__}: {first})"
             ) from None
-    if any(p.name != "model.onnx" and p.name.startswith("model.onnx") for p in scratch.iterdir()):
-        raise ExportError(
-            f"{checkpoint.path} is over ONNX's 2 GB single-file limit, so its weights went to an external data "
-            "file, which this pipeline does not carry yet; build a smaller model"
-        )
-    graph = onnx.load(str(scratch / "model.onnx"))
+    graph = load_graph(scratch / "model.onnx")
     sliced = last_token_logits(graph)
     attention = _fused_attention(graph, model, arch, checkpoint.max_length)
-    onnx.save(graph, str(out / "model.onnx"))
+    save_graph(graph, out / "model.onnx")  # over the limit, this moves the weights out of memory too
     shutil.rmtree(scratch)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]

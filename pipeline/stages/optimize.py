@@ -16,6 +16,7 @@ from pipeline.architectures import architecture_of
 from pipeline.cache import StageSpec, run_cached
 from pipeline.errors import ExportError
 from pipeline.manifest import Manifest
+from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, save_graph
 from pipeline.quiet import silenced
 from pipeline.targets import Target
 
@@ -60,12 +61,20 @@ def optimized_onnx(source: Path, config: OptimizeConfig, out: Path) -> dict:
                 opt_level=config.level,
                 use_gpu=False,
             )
-        optimized.save_model_to_file(str(target_file))
         fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+        optimized.topological_sort()
+        save_graph(optimized.model, target_file)
     else:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(target_file)
+        if len(graph_files(source)) > 1:  # ONNX Runtime cannot write it as one protobuf either
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", data_name(target_file)
+            )
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", str(INLINE_BELOW)
+            )
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         fused = {}
     after = op_counts(target_file)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline.cache import StageSpec, run_cached
 from pipeline.manifest import Manifest
+from pipeline.onnx_files import load_graph, save_graph
 from pipeline.targets import Target
 
 KEEP_FP32 = (
@@ -35,13 +36,12 @@ STAGE = StageSpec("fp16", VERSION, Fp16Config, packages=("onnxruntime", "onnx"))
 
 def fp16_from_onnx(source: Path, out: Path) -> dict:
     """Write an fp16 copy of `source` to `out`; returns counts of the ops left in fp32 and of the casts added."""
-    import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = onnx.load(str(source))
+    model = load_graph(source)
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=list(KEEP_FP32))
-    onnx.save(converted, str(out))
     ops = Counter(n.op_type for n in converted.graph.node)
+    save_graph(converted, out)
     return {"kept_fp32": {op: ops[op] for op in KEEP_FP32 if ops[op]}, "casts": ops["Cast"], "nodes": sum(ops.values())}
 
 

@@ -1,6 +1,6 @@
 """Stage 6: publish an immutable, versioned artifact.
 
-    artifacts/<model>/v<N>/<target>/   model.onnx  tokenizer.json  report.json  manifest.json
+    artifacts/<model>/v<N>/<target>/   model.onnx  [model.onnx.data]  tokenizer.json  report.json  manifest.json
     artifacts/<model>/latest/<target>  -> ../v<N>/<target>
 
 The artifact is assembled in a staging folder beside the versions and renamed into place in one step, under a
@@ -218,7 +218,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Publish the validated graph, or report the identical version already published."""
     manifest.stage("validate")  # nothing unvalidated is published
     export = manifest.stage("export")
-    sources = {**manifest.graphs(), "tokenizer.json": export.output("tokenizer.json")}
+    sources = {**manifest.graph_files(), "tokenizer.json": export.output("tokenizer.json")}
     model_root = Path(manifest.artifacts_dir) / manifest.model_name
     content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
     content_id = hashlib.sha256(canonical_json(content)).hexdigest()

@@ -21,6 +21,7 @@ from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs, teacher_reference
+from pipeline.onnx_files import move_graph
 from pipeline.progress import note, progress
 from pipeline.quantization import (
     activation_absmax,
@@ -190,7 +191,7 @@ def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list
             f"{candidates[-1]['fp32_nodes']} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
             f"Raise quantize.max_fp32_nodes (now {settings.max_fp32_nodes}) or build an fp32 target (cpu-fp32)."
         )
-    chosen.rename(out / "model.onnx")
+    move_graph(chosen, out / "model.onnx")
     shutil.rmtree(work)
     static = settings.mode == "static"
     return {
@@ -239,7 +240,7 @@ def quantize_stage(manifest: Manifest, target: Target, stage: StageSpec, setting
     def produce(out: Path) -> dict:
         graph = source.output("model.onnx")
         metrics = int8_with_fallback(manifest, target, settings, calibration, graph, out, development)
-        (out / "model.onnx").rename(out / output)
+        move_graph(out / "model.onnx", out / output)
         return metrics
 
     record = run_cached(manifest.cache_dir, stage, config, {"graph": source.key}, produce)

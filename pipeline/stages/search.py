@@ -35,6 +35,7 @@ from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs
+from pipeline.onnx_files import copy_graph
 from pipeline.progress import progress
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -138,7 +139,7 @@ def _build(manifest, target, candidate: Candidate, work: Path, texts: dict, refe
         session, fallback = _openvino_graph(manifest, target, candidate, work, texts, reference)
         return {"graph": work / "model.xml", "backend": "openvino", "session": session, "fallback": fallback}
     if candidate.precision == "fp32":
-        shutil.copyfile(fp32, work / "model.onnx")
+        copy_graph(fp32, work / "model.onnx")
         return {"graph": work / "model.onnx", "backend": "onnxruntime", "session": {}, "fallback": None}
     settings = dataclasses.replace(target.quantize, mode=candidate.quantize)
     metrics = int8_with_fallback(manifest, target, settings, calibration, fp32, work, development, strict=False)
@@ -274,7 +275,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
         raise _no_winner(manifest, target, rows)
     made = built[winner["name"]]
     for file in made["graph"].parent.iterdir():
-        if file.suffix in (".onnx", ".xml", ".bin"):
+        if file.suffix in (".onnx", ".data", ".xml", ".bin"):  # a graph, its data file, OpenVINO's IR
             shutil.copyfile(file, out / file.name)
     shutil.rmtree(out / "work")
     return {

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
+from pipeline.onnx_files import copy_graph
 from pipeline.progress import progress
 from pipeline.quantization import quantize_weight_only
 from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
@@ -46,7 +46,7 @@ def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path,
     work.mkdir(parents=True)
     fp32 = manifest.stage("optimize").output("model.onnx")
     if candidate.quantize == "none":
-        shutil.copyfile(fp32, work / "model.onnx")
+        copy_graph(fp32, work / "model.onnx")
     elif candidate.quantize == "weight_only":
         settings = dataclasses.replace(
             target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks,

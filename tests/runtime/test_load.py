@@ -13,7 +13,8 @@ from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load, verify_artifact
 from pipeline.runtime.artifact import manifest_digest
 
-from ..conftest import REPO
+from ..conftest import REPO, SMALL_TEXTS, _publish
+from ..tiny import make_decoder
 
 
 def _edit_manifest(folder, change, reseal=True):
@@ -231,3 +232,82 @@ def test_model_run_names_the_bad_input(published, texts, index):
         model.run(texts)
     with pytest.raises(InputError, match="got a single bytes"):
         model.run(b"bytes")
+
+
+# A decoder whose weights sit in a data file beside its graph: what every decoder from about 0.5B parameters is.
+EXTERNAL_TARGETS = ("cpu-fp32", "cpu-int8-weights")
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory, texts_file):
+    """A tiny Llama built for each of EXTERNAL_TARGETS with every graph forced past the single-file limit: the
+    checkpoint, and each target's artifact."""
+    from pipeline import onnx_files
+
+    checkpoint = make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
+    root = tmp_path_factory.mktemp("external")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
+        return checkpoint, {t: _publish(checkpoint, texts_file, texts_file, root, t) for t in EXTERNAL_TARGETS}
+
+
+def _copy_artifact(published, tmp_path):
+    copy = tmp_path / "tiny-llama" / published.parent.name / published.name
+    shutil.copytree(published, copy)
+    for file in copy.iterdir():
+        file.chmod(0o644)
+    return copy
+
+
+@pytest.mark.parametrize("target", EXTERNAL_TARGETS)
+def test_load_runs_a_decoder_whose_weights_are_in_a_data_file(external, target):
+    import hashlib
+
+    import torch
+    import transformers
+
+    checkpoint, artifacts = external
+    folder = artifacts[target]
+    files = json.loads((folder / "manifest.json").read_text())["files"]
+    assert files["model.onnx.data"] == hashlib.sha256((folder / "model.onnx.data").read_bytes()).hexdigest()
+    completions = load(folder).generate(SMALL_TEXTS[:4], max_new_tokens=12)
+    if target == "cpu-fp32":  # int8 weights may flip a near-tie of random weights; its gate passed at build
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+        for prompt, completion in zip(SMALL_TEXTS[:4], completions, strict=True):
+            ids = tokenizer(prompt, return_tensors="pt")
+            with torch.inference_mode():
+                out = model.generate(**ids, do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.eos_token_id)
+            assert completion.token_ids == tuple(out[0, ids["input_ids"].shape[1] :].tolist()), prompt
+    else:
+        assert all(len(c.token_ids) > 0 for c in completions)
+
+
+def test_load_refuses_a_changed_byte_of_the_data_file(external, tmp_path):
+    copy = _copy_artifact(external[1]["cpu-fp32"], tmp_path)
+    data = bytearray((copy / "model.onnx.data").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"model\.onnx\.data does not match its sha256"):
+        load(copy)
+
+
+@pytest.mark.parametrize("change", ["rename", "remove"])
+def test_load_refuses_a_renamed_or_missing_data_file_in_one_line(external, tmp_path, change):
+    copy = _copy_artifact(external[1]["cpu-fp32"], tmp_path)
+    if change == "rename":
+        (copy / "model.onnx.data").rename(copy / "weights.data")
+    else:
+        (copy / "model.onnx.data").unlink()
+    with pytest.raises(ArtifactError, match=r"model\.onnx\.data, the weights of model\.onnx, is missing") as caught:
+        load(copy)
+    assert "\n" not in str(caught.value)
+
+
+def test_load_refuses_a_graph_whose_data_file_the_manifest_dropped(external, tmp_path):
+    copy = _copy_artifact(external[1]["cpu-fp32"], tmp_path)
+    (copy / "model.onnx.data").unlink()
+    _edit_manifest(copy, lambda m: m["files"].pop("model.onnx.data"))  # resealed: the digest is no signature
+    with pytest.raises(ArtifactError, match=r"model\.onnx cannot be opened: .*model\.onnx\.data") as caught:
+        load(copy)
+    assert "\n" not in str(caught.value)

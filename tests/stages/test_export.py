@@ -167,3 +167,21 @@ def test_graph_inputs_follow_the_graph_and_refuse_one_no_tokenizer_makes(tmp_pat
     assert graph_inputs(session(["input_ids", "attention_mask"]), offered) == ["input_ids", "attention_mask"]
     with pytest.raises(ValueError, match=r"takes \['position_ids'\], which the tokenizer does not make"):
         graph_inputs(session(["input_ids", "position_ids"]), offered)
+
+
+def test_onnx_from_causal_lm_keeps_weights_in_a_data_file_when_over_the_limit(tmp_path, monkeypatch):
+    from pipeline import onnx_files
+    from pipeline.stages import optimize
+
+    from ..tiny import make_decoder
+
+    monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
+    manifest = _export(make_decoder(tmp_path / "tiny-llama", "llama"), tmp_path / "cache")
+    record = manifest.stage("export")
+    graph = record.output("model.onnx")
+    assert onnx_files.graph_files(graph) == [graph, graph.parent / "model.onnx.data"]
+    assert "model.onnx.data" in record.outputs  # the cache records it (and checks its sha256 on reuse)
+    assert record.metrics["attention"]["op"] == "GroupQueryAttention"
+    assert record.metrics["probe_max_abs_diff"] <= 1e-3  # probed on the pair, against PyTorch
+    optimized = optimize.run(manifest, load_target("cpu-fp32")).stage("optimize").output("model.onnx")
+    assert onnx_files.graph_files(optimized) == [optimized, optimized.parent / "model.onnx.data"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.errors import ArtifactError
+
 _GRAPH_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
 
 
@@ -22,7 +24,16 @@ def open_session(onnx_path: Path, session: dict | None, providers=None):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if session.get("execution_mode") == "parallel":
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(onnx_path), options, providers=providers or ["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
+        detail = " ".join(str(err).split()).removeprefix("[ONNXRuntimeError] : 1 : FAIL : ")
+        if "external data" not in detail.lower():
+            raise
+        raise ArtifactError(
+            f"{onnx_path} cannot be opened: its weights' data file is missing or unreadable ({detail}); restore the "
+            "file or rebuild the artifact"
+        ) from None
 
 
 def ort_gpu_providers(manifest: dict, cache_dir: Path, available: list[str]) -> list:

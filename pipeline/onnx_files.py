@@ -1,0 +1,148 @@
+"""Graph files on disk: one `.onnx` file where the graph fits in one protobuf, else the graph plus one data file.
+
+    model.onnx                      the whole graph, weights included (under SINGLE_FILE_LIMIT bytes)
+    model.onnx + model.onnx.data    the graph, and every initializer of INLINE_BELOW bytes or more, beside it
+
+ONNX's protobuf cannot pass 2 GB, which every fp32 decoder from about 0.5B parameters does. A data file is named
+after its graph (`<graph name>.data`) and referenced by that bare name: a location read from a graph is hostile
+until checked, and one holding a path separator or `..` is refused. Every graph the build writes, copies or moves
+goes through this module, so the stages, the cache and the artifact see the same pair of files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pipeline.errors import ExportError
+
+# Bytes of serialized graph past which the weights go to a data file; under protobuf's 2 GB with room for the
+# graph's own growth. Tests lower it to force a tiny model into a data file.
+SINGLE_FILE_LIMIT = 1_900_000_000
+# Initializers smaller than this stay in the graph (shapes, scalars, axes), as ONNX Runtime's optimizer keeps them.
+INLINE_BELOW = 1024
+
+
+def data_name(graph: Path) -> str:
+    """The data file name of the graph file `graph`: `<graph name>.data`."""
+    return Path(graph).name + ".data"
+
+
+def _external_tensors(model):
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+
+
+def _location(tensor, graph: Path) -> str:
+    """The checked location of an external tensor: a bare file name beside the graph."""
+    location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+    if not location or "/" in location or "\\" in location or ".." in location or location.startswith("."):
+        raise ExportError(
+            f"{graph}: tensor {tensor.name!r} keeps its data at {location!r}, which is not a plain file name beside "
+            "the graph; only data files in the graph's own folder are read. Re-export the model."
+        )
+    return location
+
+
+def graph_files(path: Path) -> list[Path]:
+    """The graph file `path` and the data files it references (each checked to be a bare name beside it)."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    locations = sorted({_location(t, path) for t in _external_tensors(model)})
+    return [path, *(path.parent / name for name in locations)]
+
+
+def load_graph(path: Path, load_data: bool = True):
+    """The ModelProto of the graph file `path`, its external data read in from beside it (checked first)."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    external = _external_tensors(model)
+    for tensor in external:
+        _location(tensor, path)
+    if load_data and external:
+        load_external_data_for_model(model, str(path.parent))
+    return model
+
+
+def save_graph(model, path: Path) -> list[Path]:
+    """Write `model` to `path`: one file where it serializes under SINGLE_FILE_LIMIT bytes, else with every
+    initializer of INLINE_BELOW bytes or more in `<name>.data` beside it. Returns the files written.
+
+    Writing a data file moves the weights out of `model` (its tensors then point at the file), which frees their
+    memory; `model` must hold its data (loaded with `load_graph`, not `load_data=False`)."""
+    import onnx
+
+    path = Path(path)
+    data = path.parent / data_name(path)
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    if _external_tensors(model):
+        raise ExportError(f"cannot write {path}: the graph still points at external data it has not loaded")
+    if model.ByteSize() < SINGLE_FILE_LIMIT:
+        onnx.save_model(model, str(path))
+        return [path]
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+        size_threshold=INLINE_BELOW, convert_attribute=False,
+    )  # fmt: skip
+    return [path, data]
+
+
+def _place(source: Path, dest: Path, move: bool) -> list[Path]:
+    source, dest = Path(source), Path(dest)
+    files = graph_files(source)
+    transfer = os.replace if move else shutil.copyfile
+    if len(files) == 1:
+        transfer(source, dest)
+        return [dest]
+    data = dest.parent / data_name(dest)
+    if len(files) == 2 and files[1].name == data.name:  # the name pair is kept: the graph's bytes need no change
+        transfer(files[1], data)
+        transfer(source, dest)
+        return [dest, data]
+    if len(files) == 2:  # one data file under another name: point the graph at the new name, data unchanged
+        import onnx
+
+        model = onnx.load(str(source), load_external_data=False)
+        for tensor in _external_tensors(model):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = data.name
+        transfer(files[1], data)
+        dest.write_bytes(model.SerializeToString())
+        if move:
+            source.unlink()
+        return [dest, data]
+    written = save_graph(load_graph(source), dest)  # several data files (another exporter's): one from here on
+    if move:
+        for file in files:
+            file.unlink()
+    return written
+
+
+def copy_graph(source: Path, dest: Path) -> list[Path]:
+    """Copy the graph file `source` and its data to `dest` (its data to `<dest name>.data`); the files written."""
+    return _place(source, dest, move=False)
+
+
+def move_graph(source: Path, dest: Path) -> list[Path]:
+    """Move the graph file `source` and its data to `dest` (its data to `<dest name>.data`); the files written."""
+    return _place(source, dest, move=True)
+
+
+def save_if_small(path: Path) -> list[Path]:
+    """Rewrite the graph file `path` as one file where it now fits (a quantizer's output, written with a data file
+    because its source had one); its files either way."""
+    files = graph_files(path)
+    if len(files) == 1 or sum(f.stat().st_size for f in files) >= SINGLE_FILE_LIMIT:
+        return files
+    model = load_graph(path)
+    for file in files[1:]:
+        file.unlink()
+    return save_graph(model, path)
