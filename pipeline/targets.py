@@ -83,7 +83,7 @@ class Quantize:
     accuracy_level: int = 4
     # How weight_only blocks are made: "symmetric" (a scale each), "zero_point" (a scale and an integer zero point,
     # ONNX Runtime's asymmetric blocks) or, 4-bit only, "minimum" (a scale and a float minimum each, GGUF Q4_1's
-    # scheme, run as the integer kernel plus a small fp32 MatMul: pipeline/block_minimum.py).
+    # scheme, run as the integer kernel plus a small fp32 MatMul: pipeline/passes/block_minimum.py).
     blocks: str = "symmetric"
     # weight_only: the LM head's bits. A 4-bit head flips top-1 tokens the body's 4 bits do not; GGUF files commonly
     # keep the output layer wider (SmolLM2's Q4_1 file keeps it Q8_0).

@@ -27,8 +27,8 @@ import numpy as np
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.onnx_files import copy_graph
+from pipeline.passes.weight_only import quantize_weight_only
 from pipeline.progress import progress
-from pipeline.quantization import quantize_weight_only
 from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
