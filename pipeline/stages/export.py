@@ -1,4 +1,4 @@
-"""Stage 2: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
+"""The export stage: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
 
 Encoders: the graph has dynamic batch and sequence axes. For feature extraction the pooling (and the
 normalization of sentence-transformers checkpoints) is part of the graph, so its `sentence_embedding` output

@@ -1,4 +1,4 @@
-"""Stage 4: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
+"""The quantize stage: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
 calibrated on text), with two guards on accuracy (the graph passes are in pipeline/passes/).
 
 1. Smoothing (SmoothQuant-style, optional, `smooth_alpha`): activation outliers are moved into the weights.
