@@ -140,7 +140,7 @@ def failures(stats: dict, accuracy: Accuracy) -> list[str]:
     if stats.get("finite") is False:
         return ["the candidate outputs NaN or inf"]
     return [
-        f"{row['metric']} = {row['value']:.4f}, needs {row['relation']} {row['threshold']}"
+        f"{row['metric']} = {float(row['value'])!r}, needs {row['relation']} {row['threshold']!r}"
         for row in verdict(stats, accuracy)
         if not row["passed"]
     ]
