@@ -185,20 +185,23 @@ class Leases:
     """The cache entries one build uses, each leased (gc skips it) until the build ends; see `leases`."""
 
     def __init__(self):
-        self._held: dict[Path, tuple[int, tuple[str, ...]]] = {}
+        self._held: dict[Path, tuple[int, tuple[str, ...] | None]] = {}
 
     def hold(self, entry: Path) -> None:
         """Lease `entry` (a no-op where this build holds it already)."""
         if entry not in self._held:
-            self._held[entry] = (_take_lease(entry), ())
+            self._held[entry] = (_take_lease(entry), None)
 
     def record(self, entry: Path, files) -> None:
         """Note the files `entry` holds, checked by `check`."""
         self._held[entry] = (self._held[entry][0], tuple(files))
 
     def check(self) -> None:
-        """A CacheError naming the first entry of this build that lost a file since it was leased."""
+        """A CacheError naming the first entry of this build that lost a file since it was leased (an entry whose
+        stage failed before writing it was never there to lose)."""
         for entry, (_, files) in self._held.items():
+            if files is None:
+                continue
             if not entry.is_dir() or not all((entry / name).is_file() for name in files):
                 raise CacheError(
                     f"the stage-cache entry {entry}, which this build uses, was removed while the build ran (by "

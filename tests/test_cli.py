@@ -56,19 +56,21 @@ def test_cli_build_bad_input_is_one_line_error(args, code, message, tiny_bert, t
         ("--calibration", b"ok\ncaf\xe9\n", "line 2: not UTF-8"),
     ],
 )
-def test_cli_build_bad_data_file_publishes_nothing(option, content, message, tiny_bert, texts_file, tmp_path):
+def test_cli_build_bad_data_file_publishes_nothing(
+    option, content, message, tiny_bert, texts_file, calibration_file, tmp_path
+):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(content)
-    data = {"--validation": str(texts_file), "--calibration": str(texts_file), option: str(bad)}
+    data = {"--validation": str(texts_file), "--calibration": str(calibration_file), option: str(bad)}
     out = _cli("build", "--model", str(tiny_bert), *[x for kv in data.items() for x in kv],
                "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"))  # fmt: skip
     assert out.returncode == 3 and message in out.stderr and str(bad) in out.stderr
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 
-def test_cli_build_then_inspect(tiny_bert, texts_file, tmp_path):
+def test_cli_build_then_inspect(tiny_bert, texts_file, calibration_file, tmp_path):
     common = ["--model", str(tiny_bert), "--target", "cpu-avx2-dynamic", "--validation", str(texts_file),
-              "--calibration", str(texts_file),
+              "--calibration", str(calibration_file),
               "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
     first = _cli("build", *common)
     assert first.returncode == 0, first.stderr

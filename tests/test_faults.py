@@ -5,21 +5,30 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline.runtime import load, verify_artifact
 
-from .conftest import REPO, write_target
+from .conftest import CALIBRATION_TEXTS, REPO, write_target
 
 POINTS = [
     f"{kind}-{stage}" for stage in ("export", "optimize", "quantize", "validate", "tune") for kind in ("cache", "after")
 ] + ["after-checkpoint", "publish-staged", "publish-renamed"]
 
 
+def _calibration(texts: Path) -> Path:
+    """Calibration text beside the held-out `texts`, sharing no example with it."""
+    path = texts.parent / "calibration.txt"
+    if not path.exists():
+        path.write_text("\n".join(CALIBRATION_TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
 def _build_args(checkpoint, texts, artifacts, cache, target="cpu-avx2-dynamic"):
     return [sys.executable, "-m", "pipeline", "build", "--model", str(checkpoint), "--target", str(target),
-            "--validation", str(texts), "--calibration", str(texts),
+            "--validation", str(texts), "--calibration", str(_calibration(Path(texts))),
             "--artifacts-dir", str(artifacts), "--cache-dir", str(cache)]  # fmt: skip
 
 

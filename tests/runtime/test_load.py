@@ -252,7 +252,7 @@ EXTERNAL_TARGETS = ("cpu-fp32", "cpu-int8-weights")
 
 
 @pytest.fixture(scope="module")
-def external(tmp_path_factory, texts_file):
+def external(tmp_path_factory, texts_file, calibration_file):
     """A tiny Llama built for each of EXTERNAL_TARGETS with every graph forced past the single-file limit: the
     checkpoint, and each target's artifact."""
     from pipeline import onnx_files
@@ -261,7 +261,7 @@ def external(tmp_path_factory, texts_file):
     root = tmp_path_factory.mktemp("external")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
-        return checkpoint, {t: _publish(checkpoint, texts_file, texts_file, root, t) for t in EXTERNAL_TARGETS}
+        return checkpoint, {t: _publish(checkpoint, texts_file, calibration_file, root, t) for t in EXTERNAL_TARGETS}
 
 
 def _copy_artifact(published, tmp_path):
