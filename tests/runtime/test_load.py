@@ -13,7 +13,7 @@ from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load, verify_artifact
 from pipeline.runtime.artifact import manifest_digest
 
-from ..conftest import REPO, SMALL_TEXTS, _publish
+from ..conftest import REPO, SMALL_TEXTS, _publish, write_target
 from ..tiny import make_decoder
 
 
@@ -259,9 +259,14 @@ def external(tmp_path_factory, texts_file, calibration_file):
 
     checkpoint = make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
     root = tmp_path_factory.mktemp("external")
+    # The int8 gate is not what these tests check: on eight calibration texts a random model's teacher-forced
+    # agreement lands near 0.9, so its threshold is eased.
+    eased = write_target(root, "int8-weights-eased", base="cpu-int8-weights", accuracy__teacher_top1_agreement=0.5)
+    files = {"cpu-fp32": "cpu-fp32", "cpu-int8-weights": str(eased)}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
-        return checkpoint, {t: _publish(checkpoint, texts_file, calibration_file, root, t) for t in EXTERNAL_TARGETS}
+        built = {t: _publish(checkpoint, texts_file, calibration_file, root, files[t]) for t in EXTERNAL_TARGETS}
+    return checkpoint, built
 
 
 def _copy_artifact(published, tmp_path):
