@@ -162,6 +162,22 @@ def lease_path(entry: Path) -> Path:
     return entry.parent / f"{LEASE_PREFIX}{entry.name}"
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: Path, refused: Callable[[OSError], PipelineError]):
+    """An exclusive flock on the file `path`, made if missing and never through a symlink (O_NOFOLLOW: a symlink
+    planted as the lock file is refused, never a file elsewhere truncated or locked); `refused(err)` is the error
+    raised where it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise refused(err) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _open_lease(path: Path, create: bool = True) -> int:
     # O_NOFOLLOW: a symlink planted as a lease file is an error (ELOOP), never a file elsewhere created or locked.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
 import time
 from pathlib import Path
 
-from pipeline.cache import LEASE_PREFIX, RECORD, claim, lease_path, remove_dead_scratch
+from pipeline.cache import LEASE_PREFIX, RECORD, claim, exclusive_lock, lease_path, remove_dead_scratch
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
 from pipeline.stages.publish import VERSION_FOLDER, model_lock
@@ -223,18 +222,15 @@ def gc_lock(cache_dir: Path):
     if not cache_dir.is_dir():
         yield
         return
-    try:
-        fd = os.open(cache_dir / GC_LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise InputError(
+
+    def refused(err: OSError) -> InputError:
+        return InputError(
             f"gc cannot take its lock {cache_dir / GC_LOCK} ({err.strerror or err}); nothing was removed. Remove "
             "that file if it is a symlink, or fix the folder's permissions"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        )
+
+    with exclusive_lock(cache_dir / GC_LOCK, refused):
         yield
-    finally:
-        os.close(fd)
 
 
 def collect(artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S,

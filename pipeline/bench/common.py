@@ -42,3 +42,13 @@ def write_results(results: dict, text: str, out: str | Path) -> Path:
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     (out / "bench.md").write_text(text)
     return out
+
+
+def host_line(results: dict) -> str:
+    """The Markdown line naming the host a benchmark ran on: CPU, kernel class, flags, threads and versions."""
+    host = results["host"]
+    versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
+    return (
+        f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
+        f"{versions}."
+    )

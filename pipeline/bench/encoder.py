@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bench import serving
-from pipeline.bench.common import bench_folder, identity, write_results
+from pipeline.bench.common import bench_folder, host_line, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.progress import progress
@@ -246,13 +246,10 @@ def _spread(row: dict) -> str:
 def markdown(results: dict) -> str:
     """The results as Markdown: the host, each figure as median [p10, p90], the artifact against the fastest
     peer that meets the accuracy gate, and each variant against PyTorch fp32."""
-    host = results["host"]
-    versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
     lines = [
         f"# {results['model_name']} {results['version']} {results['target']}",
         "",
-        f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
-        f"{versions}. Rounds alternate between variants until each median's p10-p90 spread is within 10%; "
+        f"{host_line(results)} Rounds alternate between variants until each median's p10-p90 spread is within 10%; "
         "'noisy' marks a figure that never got there.",
         "",
         f"Accuracy gate for peers: cosine min >= {results['accuracy_gate']} against PyTorch fp32 on 32 held-out texts.",

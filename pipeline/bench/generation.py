@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import bench_folder, identity, write_results
+from pipeline.bench.common import bench_folder, host_line, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.metrics import teacher_forced_stats, teacher_outputs
@@ -216,14 +216,11 @@ def bench_generation(
 
 def markdown(results: dict) -> str:
     """The results as Markdown tables, one per prompt length, ratios against PyTorch generate."""
-    host = results["host"]
-    versions = ", ".join(f"{k} {v}" for k, v in host["versions"].items())
     lines = [
         f"# {results['model_name']} {results['version']} {results['target']}",
         "",
-        f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
-        f"{versions}. Each figure is the median [p10, p90] of {results['reps']} rounds alternating between the "
-        "variants.",
+        f"{host_line(results)} Each figure is the median [p10, p90] of {results['reps']} rounds alternating "
+        "between the variants.",
     ]
     if results.get("accuracy"):
         lines += ["", "## Accuracy against PyTorch fp32 (teacher-forced, held-out text)", "",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from pipeline import faults
-from pipeline.cache import package_versions
+from pipeline.cache import exclusive_lock, package_versions
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
@@ -68,18 +67,15 @@ def _host() -> dict:
 def model_lock(model_root: Path):
     """An exclusive lock on one model's artifact tree, held while a version is chosen and renamed into place."""
     model_root.mkdir(parents=True, exist_ok=True)
-    try:  # O_NOFOLLOW: a symlink planted as the lock file is refused, never a file elsewhere truncated or locked
-        fd = os.open(model_root / ".lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise ArtifactError(
+
+    def refused(err: OSError) -> ArtifactError:
+        return ArtifactError(
             f"cannot take the lock {model_root / '.lock'} ({err.strerror or err}); remove it if it is a symlink, "
             "or fix the folder's permissions"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        )
+
+    with exclusive_lock(model_root / ".lock", refused):
         yield
-    finally:
-        os.close(fd)
 
 
 def _point_latest(model_root: Path, version: str, target: str) -> None:
