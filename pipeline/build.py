@@ -19,7 +19,7 @@ from pipeline.cache import leases
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_calibration, check_held_out, read_texts
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
-from pipeline.stages import checkpoint, engine, export, optimize, precision, publish, quantize, search, tune, validate
+from pipeline.stages import checkpoint, engine, export, fp16, optimize, publish, quantize, search, tune, validate
 from pipeline.targets import TARGETS_DIR, load_target
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ STAGES = (
     ("optimize", optimize.run),
     ("search", search.run),
     ("quantize", quantize.run),
-    ("fp16", precision.run),
+    ("fp16", fp16.run),
     ("int8_qdq", quantize.run_int8_qdq),
     ("validate", validate.run),
     ("tune", tune.run),

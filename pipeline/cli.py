@@ -211,7 +211,7 @@ def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai)
 @click.option("--temperature", type=float, default=None, help="> 0 samples; 0 is greedy (default: the checkpoint's)")
 @click.option("--top-k", type=int, default=None)
 @click.option("--top-p", type=float, default=None)
-@click.option("--seed", type=int, default=None, help="makes sampling repeatable")
+@click.option("--seed", default=None, help="an int from 0 to 2**64 - 1; makes sampling repeatable")
 @click.option("--stop", multiple=True, help="a string that ends the text (repeatable)")
 @click.option("--chat", is_flag=True, help="send each prompt as one user message through the chat template")
 def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat) -> None:
@@ -221,6 +221,8 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
 
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "stop": list(stop)}  # fmt: skip
+    if seed is not None and seed.isascii() and seed.strip().removeprefix("-").isdigit():
+        seed = int(seed)  # anything else goes to the runtime as given, which names what it takes
     model = load(artifact)
     if not hasattr(model, "stream"):
         raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")

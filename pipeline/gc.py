@@ -28,7 +28,7 @@ from pathlib import Path
 from pipeline.cache import LEASE_PREFIX, RECORD, claim, lease_path, remove_dead_scratch
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
-from pipeline.stages.publish import VERSION, model_lock
+from pipeline.stages.publish import VERSION_FOLDER, model_lock
 
 DEFAULT_MIN_AGE_S = 3600.0
 GC_LOCK = ".gc.lock"
@@ -83,8 +83,8 @@ def _subfolders(parent: Path, found: Collection, match=lambda p: True) -> list[P
 
 def _versions(model_root: Path, found: Collection) -> list[tuple[int, Path]]:
     """The vN folders of a model, oldest first (symlinked ones reported, not listed)."""
-    folders = _subfolders(model_root, found, lambda p: VERSION.match(p.name) is not None)
-    return sorted((int(VERSION.match(p.name).group(1)), p) for p in folders)
+    folders = _subfolders(model_root, found, lambda p: VERSION_FOLDER.match(p.name) is not None)
+    return sorted((int(VERSION_FOLDER.match(p.name).group(1)), p) for p in folders)
 
 
 def _latest_targets(model_root: Path) -> set[Path]:
@@ -169,7 +169,7 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     parent = path.parent
     with contextlib.suppress(OSError):
-        if VERSION.match(parent.name) and not any(parent.iterdir()):
+        if VERSION_FOLDER.match(parent.name) and not any(parent.iterdir()):
             parent.rmdir()
 
 

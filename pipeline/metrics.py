@@ -190,9 +190,9 @@ def failures(stats: dict, accuracy: Accuracy) -> list[str]:
     if stats.get("finite") is False:
         return ["the candidate outputs NaN or inf"]
     return [
-        f"{row['metric']} was not measured ({row['reason']}), needs {row['relation']} {row['threshold']}"
+        f"{row['metric']} was not measured ({row['reason']}), needs {row['relation']} {row['threshold']!r}"
         if row["value"] is None
-        else f"{row['metric']} = {row['value']:.4f}, needs {row['relation']} {row['threshold']}"
+        else f"{row['metric']} = {float(row['value'])!r}, needs {row['relation']} {row['threshold']!r}"
         for row in verdict(stats, accuracy)
         if not row["passed"]
     ]

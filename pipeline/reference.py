@@ -213,7 +213,10 @@ def sentence_transformer(checkpoint: Checkpoint, dtype: str = "float32"):
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(
-        checkpoint.path, device="cpu", model_kwargs={"dtype": getattr(torch, dtype)}, trust_remote_code=False,
+        checkpoint.path,
+        device="cpu",
+        model_kwargs={"dtype": getattr(torch, dtype)},
+        trust_remote_code=False,
         local_files_only=True,
     )
     model.max_seq_length = checkpoint.max_length

@@ -1,10 +1,11 @@
 """Frozen dataclasses from parsed TOML tables, with type, choice and range checks: what target files are parsed
-with (`pipeline.targets`). Unknown keys, wrong types and values out of range are TargetErrors naming the file and
-the key."""
+with (`pipeline.targets`). Unknown keys, wrong types, values out of range and a `name` that is not a safe file name
+(`NAME_PATTERN`) are TargetErrors naming the file and the key."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -18,6 +19,18 @@ def _check_range(value, bounds, where: str) -> None:
         if item != item or (low is not None and item < low) or (high is not None and item > high):
             span = f"from {low} to {high}" if high is not None else f"at least {low}"
             raise TargetError(f"{where}: {item!r} is out of range; it must be {span}")
+
+
+# Names become folder and file names (a target's file, a candidate's scratch folder): no separators, no dot first.
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def _check_name(value: str, where: str) -> None:
+    if not NAME_PATTERN.fullmatch(value):
+        raise TargetError(
+            f"{where}: {value!r} is not a valid name; a name matches {NAME_PATTERN.pattern} (lower-case letters, "
+            "digits, '.', '_' and '-', starting with a letter or digit, at most 64 characters)"
+        )
 
 
 def _type_name(tp) -> str:
@@ -89,6 +102,8 @@ def dataclass_from_table(cls, table: dict, path: Path, prefix: tuple[str, ...] =
             values[name] = dataclass_from_table(tp, table[name], path, prefix + (name,), choices, ranges)
             continue
         value = _coerce(table[name], tp, where)
+        if name == "name":
+            _check_name(value, where)
         # A candidate's [candidates.accuracy] thresholds have the ranges of the target's [accuracy].
         bounds = ranges.get(prefix + (name,)) or ranges.get((prefix + (name,))[-2:])
         if bounds:

@@ -83,7 +83,7 @@ class Quantize:
     accuracy_level: int = 4
     # How weight_only blocks are made: "symmetric" (a scale each), "zero_point" (a scale and an integer zero point,
     # ONNX Runtime's asymmetric blocks) or, 4-bit only, "minimum" (a scale and a float minimum each, GGUF Q4_1's
-    # scheme, run as the integer kernel plus a small fp32 MatMul: pipeline/block_minimum.py).
+    # scheme, run as the integer kernel plus a small fp32 MatMul: pipeline/passes/block_minimum.py).
     blocks: str = "symmetric"
     # weight_only: the LM head's bits. A 4-bit head flips top-1 tokens the body's 4 bits do not; GGUF files commonly
     # keep the output layer wider (SmolLM2's Q4_1 file keeps it Q8_0).
@@ -311,8 +311,8 @@ _RANGES = {
     ("runtime", "intra_op_threads"): (0, 1024),
     ("runtime", "inter_op_threads"): (0, 1024),
     ("runtime", "candidate_threads"): (1, 1024),
-    ("accuracy", "cosine_min"): (-1.0, 1.0),
-    ("accuracy", "cosine_mean"): (-1.0, 1.0),
+    ("accuracy", "cosine_min"): (0.0, 1.0),
+    ("accuracy", "cosine_mean"): (0.0, 1.0),
     ("accuracy", "top10_agreement"): (0.0, 1.0),
     ("accuracy", "top1_agreement"): (0.0, 1.0),
     ("accuracy", "max_probability_diff"): (0.0, 1.0),

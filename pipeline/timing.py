@@ -148,3 +148,12 @@ def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens:
                 values["decode_speedup"] = values["decode_tokens_per_s"] / base["decode_tokens_per_s"]
         results[f"batch_{size}"] = row
     return {"new_tokens": new_tokens, "prompts": len(prompts), "reps": reps, "batches": results}
+
+
+def latency(model, texts: list[str], batch: int, reps: int = 5) -> dict:
+    """Median milliseconds of one run at batch 1 and at `batch`, on calibration text, for the report."""
+    timings = {}
+    for name, chunk in (("latency_ms_batch_1", texts[:1]), (f"latency_ms_batch_{batch}", texts[:batch])):
+        runs = alternate({name: model.run}, chunk, reps)[name]
+        timings[name] = sorted(runs)[reps // 2]
+    return timings

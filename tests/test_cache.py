@@ -16,7 +16,7 @@ from pipeline.build import build
 from pipeline.cache import StageSpec, runtime_code_digest
 from pipeline.errors import CacheError, PipelineError
 from pipeline.runtime.host import KERNEL_CLASSES
-from pipeline.stages import engine, export, optimize, precision, validate
+from pipeline.stages import engine, export, fp16, optimize, validate
 
 from .conftest import write_target
 
@@ -75,7 +75,7 @@ def test_package_version_and_host_enter_the_key_where_declared(monkeypatch):
     monkeypatch.setattr(cache.metadata, "version", lambda name: "9.9.9")
     assert export.STAGE.key(config, {}) != before
     assert {"optimum", "optimum-onnx", "onnx", "tokenizers", "sentence-transformers"} <= set(export.STAGE.packages)
-    assert "onnxruntime" in precision.STAGE.packages
+    assert "onnxruntime" in fp16.STAGE.packages
     body = validate.STAGE.key_body(_sample(validate.STAGE), {})
     assert body["host"] == cache.kernel_class() and body["runtime_code"] == runtime_code_digest()
     assert "host" not in export.STAGE.key_body(config, {})

@@ -116,6 +116,13 @@ def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, publi
     assert out.returncode == 3 and "top_p=2.0 must be a number in (0, 1]" in out.stderr
 
 
+@pytest.mark.parametrize("seed", ["abc", "-1", "1.5"])
+def test_cli_generate_refuses_a_bad_seed_in_one_line_naming_the_range(published_gpt2, seed):
+    out = _cli("generate", str(published_gpt2), "hello", "--max-new-tokens", "2", "--seed", seed)
+    assert out.returncode == 3, out.stderr
+    assert "must be an int from 0 to 2**64 - 1" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_cli_targets_lists_the_good_targets_and_names_a_broken_file(tmp_path):
     import shutil
 

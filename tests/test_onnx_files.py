@@ -108,12 +108,13 @@ def test_save_if_small_rewrites_a_graph_that_fits_as_one_file(tmp_path, monkeypa
 
 @pytest.mark.parametrize("fusions", [False, True])
 def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusions):
-    from pipeline.stages.optimize import OptimizeConfig, optimized_onnx
+    from pipeline.passes.fusions import fused_from_onnx
+    from pipeline.stages.optimize import OptimizeConfig
 
     save_graph(_graph(), tmp_path / "m.onnx")
     (tmp_path / "out").mkdir()
     config = OptimizeConfig(fusions=fusions, level=1, model_type="gpt2" if fusions else "")
-    optimized_onnx(tmp_path / "m.onnx", config, tmp_path / "out")
+    fused_from_onnx(tmp_path / "m.onnx", config, tmp_path / "out")
     graph = tmp_path / "out" / "model.onnx"
     assert graph_files(graph) == [graph, tmp_path / "out" / "model.onnx.data"]
     np.testing.assert_allclose(_run(graph), _run_single(tmp_path), rtol=1e-6)
@@ -121,7 +122,8 @@ def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusio
 
 @pytest.mark.parametrize("target", ["cpu-avx2-dynamic", "cpu-int8-weights"])
 def test_quantized_graph_of_a_data_file_graph_is_one_file_where_it_fits(tmp_path, monkeypatch, target):
-    from pipeline.quantization import quantize_dynamic, quantize_weight_only
+    from pipeline.passes.int8 import quantize_dynamic
+    from pipeline.passes.weight_only import quantize_weight_only
     from pipeline.targets import load_target
 
     monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)

@@ -1,10 +1,14 @@
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import TargetError
 from pipeline.schema import dataclass_from_table
+from pipeline.targets import target_from_toml
+
+from .conftest import write_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +48,32 @@ def test_a_table_becomes_frozen_dataclasses_with_lists_as_tuples_and_defaults_ke
         ({"items": [{"name": "x", "rate": 2.0}]}, "key 'items.rate': 2.0 is out of range"),
         ({"items": [{"rate": 0.1}]}, "key 'items.name' is required and missing"),
         ({"items": [{"name": "x"}, {"name": "x"}]}, "two \\[\\[items\\]\\] share a name"),
+        ({"items": [{"name": "../../evil"}]}, r"key 'items.name': '../../evil' is not a valid name; a name matches"),
+        ({"items": [{"name": ""}]}, r"key 'items.name': '' is not a valid name; a name matches \[a-z0-9\]"),
+        ({"items": [{"name": ".hidden"}]}, "key 'items.name': '.hidden' is not a valid name"),
+        ({"items": [{"name": "a/b"}]}, "key 'items.name': 'a/b' is not a valid name"),
+        ({"items": [{"name": "x" * 65}]}, "is not a valid name"),
     ],
 )
 def test_each_problem_is_a_target_error_naming_the_file_and_key(table, message):
     with pytest.raises(TargetError, match=f"^t.toml: .*{message}"):
         parse(table)
+
+
+@pytest.mark.parametrize("key", ["cosine_min", "cosine_mean"])
+def test_target_file_refuses_a_negative_cosine(tmp_path, key):
+    path = write_target(tmp_path, "ranged", **{f"accuracy__{key}": -0.5})
+    with pytest.raises(TargetError, match=rf"^{re.escape(str(path))}: key 'accuracy.{key}': -0.5 is out of range"):
+        target_from_toml(path)
+
+
+@pytest.mark.parametrize("bad", ["../../evil", "", "Upper", "a b"])
+def test_target_file_refuses_an_unsafe_target_or_candidate_name(tmp_path, bad):
+    candidates = [{"name": bad, "engine": "onnxruntime", "precision": "fp32"}]
+    path = write_target(tmp_path, "ranged", candidates=candidates)
+    where = re.escape(str(path))
+    with pytest.raises(TargetError, match=f"^{where}: key 'candidates.name': {re.escape(repr(bad))} is not a valid"):
+        target_from_toml(path)
+    path.write_text(path.read_text().replace('name = "ranged"', f"name = {bad!r}", 1))
+    with pytest.raises(TargetError, match=f"^{where}: key 'name': {re.escape(repr(bad))} is not a valid name"):
+        target_from_toml(path)

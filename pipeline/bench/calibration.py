@@ -16,7 +16,7 @@ def _calibrate_in_child(fp32_path: str, tokenizer: str, spec: dict, count: int, 
     import resource
     import tempfile
 
-    from pipeline.quantization import calibration_reader, quantize_static
+    from pipeline.passes.int8 import calibration_reader, quantize_static
     from pipeline.runtime.backends.onnxruntime import open_session
     from pipeline.runtime.encoder import Model
     from pipeline.targets import Quantize
@@ -62,7 +62,7 @@ def calibration_memory(
     if not fp32.exists():
         raise InputError(f"the fp32 graph of {artifact} is not in the stage cache {cache_dir}; rebuild it first")
     shaped = Path(tempfile.mkdtemp()) / "shaped.onnx"
-    from pipeline.quantization import with_shapes
+    from pipeline.passes.int8 import with_shapes
 
     with_shapes(fp32, shaped)
     rows = []

@@ -99,7 +99,7 @@ def _genai_model(folder: Path, threads: int | None = None):
     pad = int(json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"])
     config = og.Config(str(folder))
     if threads:
-        # Left to its builder's config, genai 0.18 ran SmolLM2 on one core of two here (CPU time 1.05x wall time).
+        # Left to its builder's config, genai may run on one core: every variant gets the artifact's thread count.
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
     return og, og.Model(config), pad
 
@@ -181,9 +181,8 @@ def bench_generation(
     real = artifact.resolve()
     threads = os.cpu_count() or 1
     # The artifact runs as it loads: its threads spin between steps, as published. Variants alternate a whole
-    # generate at a time, so a pool's spin after its last step overlaps one step of the next variant: genai int8
-    # measured 98 tokens/s after a spinning artifact and 99 after a sleeping one (SmolLM2, 2-core AVX-512 host),
-    # while the artifact itself makes 125 tokens/s spinning and 106 sleeping (64 tokens and the prompt).
+    # generate at a time, so a pool's spin after its last step overlaps one step of the next variant; that its
+    # peers lose nothing by it is measured in docs/benchmarks.md.
     session = {**manifest["session"], "intra_op_threads": threads}
     model = open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}

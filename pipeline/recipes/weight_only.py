@@ -1,6 +1,6 @@
 """Recipe `weight-only`: a decoder's MatMul weights in int8 or int4 blocks (ONNX Runtime's MatMulNBits),
 activations fp32. Blocks are symmetric, with integer zero points, or (4-bit) with float minimums
-(pipeline.block_minimum); the LM head, and the layers a bisection widens, stay at the target's head bits."""
+(pipeline.passes.block_minimum); the LM head, and the layers a bisection widens, stay at the target's head bits."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class WeightOnly(Recipe):
 
     def build(self, config: WeightOnlyConfig, job: Job) -> Built:
         """The optimized graph's MatMul weights in blocks, into `job.work` (`job.wide` at head bits)."""
-        from pipeline.quantization import quantize_weight_only
+        from pipeline.passes.weight_only import quantize_weight_only
 
         job.work.mkdir(parents=True)
         settings = Quantize(

@@ -11,6 +11,8 @@ and nothing of the build (a test parses every module here and fails on any other
     load.py        load(): verify, pick the backend, open            encoder.py  Model (embeddings, classifiers)
     generation.py  Generator (decoders with a KV cache)              batcher.py  Batcher (dynamic batching)
     text.py        tokenizer and input checks                        engine_cache.py  TensorRT engine cache policy
+    kv_cache.py    the decoder's KV cache buffers and padding          sampling.py greedy and sampled token choice
+    chat.py        chat templates rendered in a jinja2 sandbox
     backends/      onnxruntime.py, openvino.py, tensorrt.py: one session interface
 """
 

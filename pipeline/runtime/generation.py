@@ -22,6 +22,7 @@ transformers' order: repetition penalty, then temperature, top-k and top-p; gree
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,10 +203,10 @@ class Generator:
         Settings (each None takes the checkpoint's generation_config.json default, as transformers does):
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
         repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
-        end a prompt's text, cut off before them). `seed` makes sampling repeatable. Prompts run in batches of
-        `batch_size`, padded; with more prompts than that (and batches of more than one), the batches are
-        formed shortest prompts first, so that each pads as little as it can, and each event names its prompt by
-        `index`.
+        end a prompt's text, cut off before them); any other name is an InputError. `seed` (an int from 0 to
+        2**64 - 1) makes sampling repeatable. Prompts run in batches of `batch_size`, padded; with more prompts
+        than that (and batches of more than one), the batches are formed shortest prompts first, so that each
+        pads as little as it can, and each event names its prompt by `index`.
 
         `messages`, in place of prompts, is a list of conversations (each a list of {"role", "content"} dicts),
         rendered with the checkpoint's chat template, ready for the assistant's reply.
@@ -216,6 +217,14 @@ class Generator:
     def _events(self, prompts, batch_size, seed, settings: dict, call: str, texts: bool = True):
         """Check a call's arguments now; returns the prompts' token ids and the iterator of their events."""
         batch_size = check_batch_size(batch_size, call) or self.batch_size
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise InputError(
+                f"{call} got an unknown setting {unknown[0]!r}; it takes batch_size, seed and "
+                f"{', '.join(SETTINGS)}. Fix the spelling or remove it"
+            )
+        if seed is not None and not (is_int(seed) and 0 <= seed < 2**64):
+            raise InputError(f"{call}: seed={seed!r} must be an int from 0 to 2**64 - 1 (or None for no seed)")
         sampling = self.settings(**settings)
         rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
         rng = np.random.default_rng(seed)
@@ -296,3 +305,7 @@ class Generator:
             )
             pieces = {i: [a[len(b) :]] for i, b, a in zip(sorted(tokens), befores, afters, strict=True)}
         return [Completion("".join(pieces[i]), tuple(tokens[i]), reasons[i]) for i in sorted(pieces)]
+
+
+# What a call's **settings may name: the parameters of Generator.settings.
+SETTINGS = tuple(inspect.signature(Generator.settings).parameters)[1:]

@@ -12,6 +12,8 @@ Two cache layouts, per the artifact's spec:
   past without leaving ONNX Runtime's memory.
 
 Per step, only the new token ids and the grown mask are bound again; position ids are advanced, not recomputed.
+The mask is a view of one preallocated array for a batch of one; a larger batch copies its [b, length] mask each
+step (a prefix of each row's columns is not one contiguous block, and ONNX Runtime binds only contiguous arrays).
 Imports only numpy and onnxruntime.
 """
 
@@ -65,7 +67,8 @@ class Decoding:
         self.positions = position_ids(mask) if "position_ids" in generator.input_names else None
         # Every step's mask is a prefix of this one, the prompts' mask then ones, and each step's new ids are
         # written into one buffer bound once: right after a step, with the weights just streamed through the
-        # caches, each numpy call costs 15 to 40 us (SmolLM2), so a step writes no mask. Right-padded graphs read
+        # caches, each numpy call costs 15 to 40 us (SmolLM2), so no step computes a mask. A batch of one binds
+        # a view of it; a larger batch copies its prefix (see the module docstring). Right-padded graphs read
         # the mask only through each row's sum (its length) and its width (pipeline/attention.py), so there too
         # the ones after the prompts count each row's new tokens; only the prompt step needs their places.
         self.masks = np.ones((len(rows), max(capacity, mask.shape[1])), dtype=np.int64)

@@ -5,6 +5,7 @@ with stop strings. Imports only the standard library and numpy."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 
@@ -13,6 +14,7 @@ import numpy as np
 # Tokens of the prompt decoded with each new token, so that a word-initial space or a multi-byte character that
 # depends on the token before it comes out right.
 CONTEXT_TOKENS = 5
+_LARGEST = np.finfo(np.float64).max
 
 
 def is_number(value) -> bool:
@@ -73,23 +75,29 @@ def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, sett
         chosen = logits.argmax(-1)
         if not holding_eos or settings.eos.isdisjoint(chosen.tolist()):
             return chosen
-    scores = np.array(logits, dtype=np.float32)
+    # float64, and every score made finite before the shift: a tiny penalty or temperature divides scores into
+    # overflow, and inf - inf is NaN, which sampling would read as a token.
+    scores = np.array(logits, dtype=np.float64)
     if settings.repetition_penalty != 1.0:
         for row, tokens in enumerate(context):
             seen = np.unique(np.asarray(tokens, dtype=np.int64))
             picked = scores[row, seen]
-            penalty = np.float32(settings.repetition_penalty)
+            penalty = settings.repetition_penalty
             scores[row, seen] = np.where(picked < 0, picked * penalty, picked / penalty)
+        np.clip(scores, -_LARGEST, _LARGEST, out=scores)
     if holding_eos:
         scores[:, sorted(settings.eos)] = -np.inf
     if not settings.do_sample:
         return scores.argmax(-1)
-    scores = scores / np.float32(settings.temperature)
+    # Shifted by the row's best score before the division, so that the best token scores 0 at any temperature;
+    # a tiny one sends the others to -inf, which is their probability (0) and no error.
+    with np.errstate(over="ignore"):
+        scores = (scores - scores.max(-1, keepdims=True)) / settings.temperature
     vocab = scores.shape[-1]
     if 0 < settings.top_k < vocab:
         kth = np.partition(scores, vocab - settings.top_k, axis=-1)[:, vocab - settings.top_k][:, None]
         scores = np.where(scores < kth, -np.inf, scores)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = np.exp(scores)
     probs /= probs.sum(-1, keepdims=True)
     if settings.top_p < 1.0:
         # Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one): drop a token
@@ -105,6 +113,51 @@ def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, sett
     return np.minimum((cumulative < draws).sum(-1), vocab - 1)
 
 
+@functools.lru_cache(maxsize=8)  # a table holds an int per character: keep few
+def _failure(stop: str) -> tuple[int, ...]:
+    """Knuth-Morris-Pratt table of a stop string: for each prefix, the length of its longest proper prefix that
+    is also its suffix. Built once per string (rows of a batch share it), in time linear in its length."""
+    table = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = table[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        table[i] = k
+    return tuple(table)
+
+
+class _StopMatcher:
+    """Stop strings matched as text streams in: each new character is read once per string, so the work per step
+    is the new text's length however long the strings are (a rescan of the tail would be quadratic in them)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.tables = [_failure(s) for s in stops]
+        self.matched = [0] * len(stops)  # per string: its longest prefix that the text ends with
+
+    def feed(self, piece: str) -> int | None:
+        """Read new text. Where a stop string ends in `piece`, stops there and returns where in `piece` the string
+        began (negative where it began in earlier text; of two ending at once, the longer), else returns None."""
+        for offset, char in enumerate(piece):
+            ended = 0
+            for j, (stop, table) in enumerate(zip(self.stops, self.tables, strict=True)):
+                k = self.matched[j]
+                while k and char != stop[k]:
+                    k = table[k - 1]
+                self.matched[j] = k = k + 1 if char == stop[k] else 0
+                if k == len(stop):
+                    ended = max(ended, k)
+            if ended:
+                return offset + 1 - ended
+        return None
+
+    def held(self) -> int:
+        """Characters at the end of the text that could be the start of a stop string."""
+        return max(self.matched, default=0)
+
+
 class Detokenizer:
     """Incremental text of one row: decodes a short window of tokens at each step and emits what is new, holding
     back an incomplete character, and any tail that could be the start of a stop string."""
@@ -114,7 +167,7 @@ class Detokenizer:
         self.ids = list(prompt[-CONTEXT_TOKENS:])
         self.prefix = 0
         self.read = len(self.ids)
-        self.stop = stop
+        self.matcher = _StopMatcher(stop)
         self.text = ""  # decoded so far
         self.sent = 0  # characters of self.text already emitted
 
@@ -133,17 +186,16 @@ class Detokenizer:
         before = self.tokenizer.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
         after = self.tokenizer.decode(self.ids[self.prefix :], skip_special_tokens=True)
         if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            self.text += after[len(before) :]
+            piece = after[len(before) :]
             self.prefix, self.read = self.read, len(self.ids)
-        for stop in self.stop:
-            at = self.text.find(stop, max(0, self.sent - len(stop)))
-            if at >= 0:
-                self.text = self.text[:at]
+            begin = self.matcher.feed(piece)
+            if begin is not None:
+                self.text = (self.text + piece)[: len(self.text) + begin]
                 return self._emit(len(self.text)), True
+            self.text += piece
         if final:
             return self._emit(len(self.text)), False
-        held = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-        return self._emit(len(self.text) - held), False
+        return self._emit(len(self.text) - self.matcher.held()), False
 
     def _emit(self, upto: int) -> str:
         upto = max(upto, self.sent)

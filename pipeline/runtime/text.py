@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.errors import ArtifactError, InputError
 
 
 def open_tokenizer(path: Path):
-    """The artifact's Rust tokenizer, with padding and truncation off (the runtime pads and truncates itself)."""
+    """The artifact's Rust tokenizer, with padding and truncation off (the runtime pads and truncates itself); an
+    ArtifactError naming the file where it cannot be read."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust side raises a bare Exception for a file it cannot parse
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ArtifactError(f"{path} is not a tokenizer the tokenizers library can read ({why}); rebuild it") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer

@@ -1,4 +1,4 @@
-"""Stage: engine_from_onnx, for TensorRT targets; and `pipeline engine ARTIFACT`, which builds on a GPU host later.
+"""The engine stage: engine_from_onnx, for TensorRT targets; `pipeline engine ARTIFACT` builds it on a GPU host later.
 
 Precision comes from the graph, not from builder flags (TensorRT 11 removed the FP16/INT8 flags and the INT8
 calibrator): the network is strongly typed, so the fp16 graph's fp16 ops run in fp16 and the ops it keeps in
@@ -8,7 +8,7 @@ timing cache kept per (compute capability, TensorRT version), which makes rebuil
 
 Where TensorRT and a GPU of the target's compute capability are present, the stage builds every published graph's
 engine, validates each against PyTorch on the GPU, and records the GPU, driver, CUDA and TensorRT versions;
-publish puts the engines in the artifact's engine cache (pipeline.tensorrt_runtime). Elsewhere (CI, CPU hosts) it
+publish puts the engines in the artifact's engine cache (pipeline/runtime/engine_cache.py). Elsewhere (CI, CPU hosts) it
 records the engine as pending, with the reason, and every other stage's output is still published; `pipeline
 engine ARTIFACT` on a GPU host, or `load(..., build_engine=True)`, builds it there and validates it against the
 artifact's own graph on ONNX Runtime's CPU provider.

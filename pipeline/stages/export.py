@@ -1,4 +1,4 @@
-"""Stage 2: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
+"""The export stage: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
 
 Encoders: the graph has dynamic batch and sequence axes. For feature extraction the pooling (and the
 normalization of sentence-transformers checkpoints) is part of the graph, so its `sentence_embedding` output
@@ -29,6 +29,7 @@ from pipeline.chat_template import chat_template_spec
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.onnx_files import load_graph, save_graph
+from pipeline.passes.lm_head import last_token_logits
 from pipeline.quiet import silenced
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
 from pipeline.targets import Target
@@ -55,40 +56,6 @@ STAGE = StageSpec(
               "sentence-transformers"),
 )  # fmt: skip
 PROBE_TEXTS = ("A short probe.", "A somewhat longer probe sentence, so that the batch needs padding to line up.")
-
-
-def last_token_logits(graph) -> bool:
-    """Rewrite a causal LM graph in place so that its LM head runs on the last position only.
-
-        hidden [b, s, h] --MatMul(W)--> logits [b, s, V]
-    becomes
-        hidden [b, s, h] --Slice(axis 1, -1:)--> [b, 1, h] --MatMul(W)--> logits [b, 1, V]
-
-    Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
-    shrink by the prompt's length. Returns False, changing nothing, where `logits` is not made by a MatMul
-    with a constant weight: an initializer, or the Transpose of one, which optimum makes of a head tied to the
-    embedding when accelerate is installed (the runtime reads the last position either way).
-    """
-    import onnx
-
-    producer = next((n for n in graph.graph.node if "logits" in n.output), None)
-    weights = {i.name for i in graph.graph.initializer}
-    weights |= {n.output[0] for n in graph.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
-    if producer is None or producer.op_type != "MatMul" or producer.input[1] not in weights:
-        return False
-    constants = {"last_token_starts": -1, "last_token_ends": 2**63 - 1, "last_token_axes": 1}
-    for name, value in constants.items():
-        graph.graph.initializer.append(onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
-    sliced = producer.input[0] + "_last_token"
-    index = list(graph.graph.node).index(producer)
-    graph.graph.node.insert(
-        index, onnx.helper.make_node("Slice", [producer.input[0], *constants], [sliced], name="last_token_slice")
-    )
-    producer.input[0] = sliced
-    output = next(o for o in graph.graph.output if o.name == "logits")
-    output.type.tensor_type.shape.dim[1].Clear()
-    output.type.tensor_type.shape.dim[1].dim_value = 1
-    return True
 
 
 # generation_config.json settings the runtime's generate() follows; others that change the output are refused.

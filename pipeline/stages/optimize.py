@@ -1,23 +1,15 @@
-"""The optimize stage: optimized_onnx. Dead-node removal, constant folding and ONNX Runtime's transformer fusions.
-
-    MatMul+Add+Softmax+...  ->  Attention        Add+LayerNorm  ->  SkipLayerNormalization
-    Add(bias)+Gelu          ->  BiasGelu         Gather*3+LayerNorm -> EmbedLayerNormalization
-
-Node counts by op type before and after go into the stage's metrics.
-"""
+"""The optimize stage: the cached caller of pipeline/passes/fusions.py (ONNX Runtime's transformer fusions where
+its optimizer knows the family, else the generic passes). Node counts by op type before and after go into the
+stage's metrics."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from pathlib import Path
 
 from pipeline.architectures import architecture_of
 from pipeline.cache import StageSpec, run_cached
-from pipeline.errors import ExportError
 from pipeline.manifest import Manifest
-from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, save_graph
-from pipeline.quiet import silenced
+from pipeline.passes.fusions import fused_from_onnx
 from pipeline.targets import Target
 
 VERSION = 1
@@ -37,59 +29,6 @@ class OptimizeConfig:
 STAGE = StageSpec("optimize", VERSION, OptimizeConfig, packages=("onnxruntime", "onnx"))
 
 
-def op_counts(path: Path) -> dict[str, int]:
-    """Number of nodes of each op type in an ONNX file."""
-    import onnx
-
-    return dict(sorted(Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node).items()))
-
-
-def optimized_onnx(source: Path, config: OptimizeConfig, out: Path) -> dict:
-    """Write the optimized graph of `source` to `out`/model.onnx; returns node counts before and after."""
-    import onnxruntime as ort
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    before = op_counts(source)
-    target_file = out / "model.onnx"
-    if config.fusions and config.model_type:
-        with silenced("onnxruntime.transformers"), silenced():
-            optimized = optimize_model(
-                str(source),
-                model_type=config.model_type,
-                num_heads=0,
-                hidden_size=0,
-                opt_level=config.level,
-                use_gpu=False,
-            )
-        fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
-        optimized.topological_sort()
-        save_graph(optimized.model, target_file)
-    else:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = str(target_file)
-        if len(graph_files(source)) > 1:  # ONNX Runtime cannot write it as one protobuf either
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", data_name(target_file)
-            )
-            options.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes", str(INLINE_BELOW)
-            )
-        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-        fused = {}
-    after = op_counts(target_file)
-    if not after:
-        raise ExportError(f"optimizing {source} left an empty graph")
-    return {
-        "nodes_before": sum(before.values()),
-        "nodes_after": sum(after.values()),
-        "op_counts_before": before,
-        "op_counts_after": after,
-        "fused": fused,
-        "passes": f"onnxruntime {config.model_type} fusions" if config.fusions and config.model_type else "generic",
-    }
-
-
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Optimize the exported graph (cached by the export's key and the declared optimize settings)."""
     source = manifest.stage("export")
@@ -97,6 +36,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     config = OptimizeConfig(fusions=target.optimize.fusions, level=target.optimize.level, model_type=model_type)
     record = run_cached(
         manifest.cache_dir, STAGE, config, {"export": source.key},
-        lambda out: optimized_onnx(source.output("model.onnx"), config, out),
+        lambda out: fused_from_onnx(source.output("model.onnx"), config, out),
     )  # fmt: skip
     return manifest.with_stage(record)

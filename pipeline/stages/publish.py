@@ -1,4 +1,4 @@
-"""Stage 6: publish an immutable, versioned artifact.
+"""The publish stage: an immutable, versioned artifact.
 
     artifacts/<model>/v<N>/<target>/   model.onnx  [model.onnx.data]  tokenizer.json  report.json  manifest.json
     artifacts/<model>/latest/<target>  -> ../v<N>/<target>
@@ -38,11 +38,11 @@ PACKAGES = (
 )  # fmt: skip
 # Stages whose key holds the build host itself: what they found is recorded, but is not the artifact's identity.
 HOST_STAGES = ("tune",)
-VERSION = re.compile(r"^v(\d+)$")
+VERSION_FOLDER = re.compile(r"^v(\d+)$")
 
 
 def published_versions(model_root: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in model_root.glob("v*") if (m := VERSION.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in model_root.glob("v*") if (m := VERSION_FOLDER.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 

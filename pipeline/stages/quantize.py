@@ -1,5 +1,5 @@
-"""Stage 4: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
-calibrated on text), with two guards on accuracy (the ONNX Runtime calls are in pipeline.quantization).
+"""The quantize stage: int8 quantization, dynamic (activations quantized at run time) or static (activation ranges
+calibrated on text), with two guards on accuracy (the graph passes are in pipeline/passes/).
 
 1. Smoothing (SmoothQuant-style, optional, `smooth_alpha`): activation outliers are moved into the weights.
 2. Accuracy-aware fallback: if the int8 graph misses the target's thresholds (with headroom) against the fp32
@@ -22,21 +22,20 @@ from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs, teacher_reference
 from pipeline.onnx_files import move_graph
-from pipeline.progress import note, progress
-from pipeline.quantization import (
-    activation_absmax,
+from pipeline.passes.int8 import (
     calibration_reader,
-    latency,
     quantizable_nodes,
     quantize_dynamic,
     quantize_static,
-    quantize_weight_only,
-    smooth,
     widen_ranges,
     with_shapes,
 )
+from pipeline.passes.smoothing import activation_absmax, smooth
+from pipeline.passes.weight_only import quantize_weight_only
+from pipeline.progress import note, progress
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
+from pipeline.timing import latency
 
 VERSION = 4
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)

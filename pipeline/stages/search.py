@@ -1,4 +1,4 @@
-"""Stage: the engine and precision search, for CPU targets that list [[candidates]] (encoders here; decoders in
+"""The search stage: engine and precision, for CPU targets that list [[candidates]] (encoders here; decoders in
 `search_decoder`).
 
 Which engine and precision wins is measured, not assumed. Each candidate the target lists is built, scored against

@@ -1,4 +1,4 @@
-"""Stage 5: validate the built graph against PyTorch on held-out text; refuse to publish what misses.
+"""The validate stage: the built graph against PyTorch on held-out text; refuse to publish what misses.
 
 The held-out text (`--validation`, default data/validation.txt) is never used for calibration. Each graph is run
 at batch size 1 and at the target's batch size (dynamic int8 depends on what shares a batch) and the worse of the

@@ -1,8 +1,9 @@
 import json
 
+import numpy as np
 import pytest
 
-from pipeline.bench.encoder import bench
+from pipeline.bench.encoder import ARTIFACT, PYTORCH, _accuracy, bench
 
 
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
@@ -12,7 +13,9 @@ def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
     variants = {row["variant"] for row in results["grid"]}
     assert variants == {"pytorch-fp32", "pytorch-bf16", "openvino-default", "onnx-unoptimized",
                         "onnx-fp32-optimized", "artifact"}  # fmt: skip
-    assert results["accuracy_cosine_min"]["pytorch-fp32"] == pytest.approx(1.0)
+    cosines = results["accuracy_cosine_min"]
+    assert set(cosines) == variants  # every variant is measured against PyTorch fp32
+    assert 0.9 < cosines["artifact"] < 1.0  # dynamic int8: close to fp32, and not fp32 itself
     assert {row["seq"] for row in results["grid"]} == {8, 16, 128}  # 4096 is capped at the model's 128
     for row in results["grid"]:
         assert 0 < row["p10_ms"] <= row["p50_ms"] <= row["p90_ms"] + 1e-9
@@ -69,3 +72,12 @@ def test_time_until_stable_marks_a_deliberately_noisy_variant_noisy():
     times = time_until_stable({"steady": steady, "noisy": noisy}, None, min_rounds=5, max_rounds=12)
     assert times["noisy"]["noisy"] and len(times["noisy"]["ms"]) == 12
     assert not times["steady"]["noisy"]
+
+
+def test_accuracy_is_each_variants_worst_row_cosine_against_pytorch():
+    reference = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+    turned = np.array([[1.0, 1.0], [0.0, 5.0], [3.0, 4.0]])  # row 0 at 45 degrees: cosine 1/sqrt(2)
+    runners = {PYTORCH: lambda feeds: reference, ARTIFACT: lambda feeds: turned, "scaled": lambda feeds: 2 * reference}
+    cosines = _accuracy(runners, {})
+    assert cosines[ARTIFACT] == pytest.approx(2**-0.5) and cosines["scaled"] == pytest.approx(1.0)
+    assert _accuracy({ARTIFACT: lambda feeds: turned}, {}) == {}  # no PyTorch: nothing to compare with

@@ -19,10 +19,10 @@ def test_bench_generation_writes_ttft_and_decode_rates_with_ratios_per_prompt_le
         assert 0 < speed["loop"]["overhead_ms_per_step"] and 0 < speed["loop"]["session_ms_per_step"]
         for row in speed["batches"].values():
             assert set(row) == {PYTORCH, ARTIFACT}
-            assert row[PYTORCH]["decode_speedup"] == 1.0 and row[PYTORCH]["ttft_speedup"] == 1.0
             artifact = row[ARTIFACT]
             assert artifact["ttft_ms"] > 0 and artifact["decode_tokens_per_s"] > 0
             assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"]
+            assert artifact["ttft_speedup"] == row[PYTORCH]["ttft_ms"] / artifact["ttft_ms"]
     accuracy = results["accuracy"][ARTIFACT]  # the gate's teacher-forced measure, against PyTorch fp32
     assert 0 < accuracy["teacher_top1_agreement"] <= 1 and 0.5 < accuracy["perplexity_ratio"] < 2
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -78,3 +78,22 @@ def test_generation_speed_takes_ttft_and_decode_rate_from_the_same_run_of_every_
     a, b = speed["batches"]["batch_4"]["a"], speed["batches"]["batch_4"]["b"]
     assert a["ttft_ms"] > 15 > 5 > b["ttft_ms"]  # a is slow to its first token and fast after it, b the reverse
     assert a["decode_tokens_per_s"] > 2 * b["decode_tokens_per_s"] and b["decode_tokens_per_s"] < 4 * 4 / 0.016
+
+
+def test_generation_speed_gives_each_runner_its_ratios_to_pytorch():
+    def runner(prefill, step):
+        def run(batch, n):
+            time.sleep(prefill)
+            first = time.perf_counter()
+            time.sleep(step * (n - 1))
+            return first
+
+        return run
+
+    # The artifact is 10x faster to its first token and 4x faster after it; the third runner as slow as PyTorch.
+    runners = {PYTORCH: runner(0.02, 0.004), ARTIFACT: runner(0.002, 0.001), "peer": runner(0.02, 0.004)}
+    row = generation_speed(runners, ["p"], (1,), new_tokens=5, reps=2)["batches"]["batch_1"]
+    artifact = row[ARTIFACT]
+    assert artifact["ttft_speedup"] == row[PYTORCH]["ttft_ms"] / artifact["ttft_ms"] > 3
+    assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"] > 2
+    assert 0.3 < row["peer"]["ttft_speedup"] < 3 and 0.3 < row["peer"]["decode_speedup"] < 3

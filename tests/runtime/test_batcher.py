@@ -16,6 +16,17 @@ def model(published):
     return load(published)
 
 
+class Gated:
+    """A model whose run waits until `gate` is set (at most 10 s): holds the Batcher's worker busy."""
+
+    def __init__(self, model, gate: threading.Event):
+        self.model, self.gate = model, gate
+
+    def run(self, texts):
+        self.gate.wait(10)
+        return self.model.run(texts)
+
+
 def test_batcher_gives_each_caller_its_own_row(model):
     expected = {t: model.run([t])[0] for t in SMALL_TEXTS}
     results, batches = {}, []
@@ -42,12 +53,7 @@ def test_batcher_gives_each_caller_its_own_row(model):
 def test_batcher_rejects_when_queue_full(model):
     gate = threading.Event()
 
-    class Slow:
-        def run(self, texts):
-            gate.wait(10)
-            return model.run(texts)
-
-    batcher = Batcher(Slow(), max_batch_size=1, max_wait_ms=0, max_queue=2)
+    batcher = Batcher(Gated(model, gate), max_batch_size=1, max_wait_ms=0, max_queue=2)
     first = batcher.submit("one")  # taken by the worker, which then blocks
     while first.running() is False:
         pass
@@ -136,12 +142,7 @@ def test_batcher_answers_each_request_alone_when_one_text_of_the_batch_is_bad(mo
 def test_call_raises_timeout_error_after_the_batchers_default_timeout(model):
     gate = threading.Event()
 
-    class Slow:
-        def run(self, texts):
-            gate.wait(10)
-            return model.run(texts)
-
-    batcher = Batcher(Slow(), max_batch_size=1, max_wait_ms=0, timeout=0.2)
+    batcher = Batcher(Gated(model, gate), max_batch_size=1, max_wait_ms=0, timeout=0.2)
     try:
         busy = batcher.submit("one")  # holds the worker until the gate opens
         with pytest.raises(TimeoutError, match=r"no result within timeout=0\.2 s"):

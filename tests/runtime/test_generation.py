@@ -1,6 +1,7 @@
 """The decoder runtime: greedy generation equal to transformers', streaming, batching, sampling, stop conditions."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -257,6 +258,87 @@ def test_generate_raises_input_error_naming_the_setting_when_it_is_loose(model, 
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("seed", ["abc", -1, 1.5, True, 2**64])
+def test_generate_and_stream_raise_one_line_input_error_naming_the_range_when_seed_is_bad(model, seed):
+    for call in (model.generate, model.stream):
+        with pytest.raises(InputError, match=r"seed=.* must be an int from 0 to 2\*\*64 - 1") as caught:
+            call(["hello"], max_new_tokens=2, seed=seed)
+        assert "\n" not in str(caught.value)
+
+
+def test_generate_and_stream_raise_input_error_naming_the_known_settings_when_a_keyword_is_unknown(model):
+    for call in (model.generate, model.stream):
+        with pytest.raises(InputError, match=r"unknown setting 'temprature'; it takes batch_size, seed and "
+                                             r"max_new_tokens, .*temperature, .*stop"):  # fmt: skip
+            call(["hello"], max_new_tokens=2, temprature=0.5)
+
+
+def test_choose_tokens_picks_the_best_token_when_temperature_or_penalty_is_tiny():
+    rng = np.random.default_rng(0)
+    logits = np.array([[1.0, 5.0, 2.0, 0.5]], dtype=np.float32)
+    with np.errstate(invalid="raise"):  # no inf - inf = NaN on the way
+        for temperature in (1e-40, 1e-300, 5e-324):
+            assert choose_tokens(logits, [[0]], 0, _settings(temperature=temperature), rng).tolist() == [1]
+        # The penalty divides the seen tokens' positive scores by 1e-300: 3e300 beats 2e300, both finite.
+        seen = np.array([[0.0, 3.0, 2.0, -1.0]], dtype=np.float32)
+        for do_sample in (True, False):
+            settings = _settings(do_sample=do_sample, repetition_penalty=1e-300)
+            assert choose_tokens(seen, [[1, 2]], 0, settings, rng).tolist() == [1]
+
+
+def test_generate_with_a_tiny_temperature_is_greedy(model):
+    greedy = model.generate(["The train to Berlin"], max_new_tokens=8, eos=False)[0]
+    cold = model.generate(["The train to Berlin"], max_new_tokens=8, eos=False, temperature=1e-40, seed=0)[0]
+    assert cold.token_ids == greedy.token_ids
+
+
+def _first_stop(text: str, stops: list[str]) -> str:
+    """The text before the stop string that ends first in `text` (the longer of two ending together)."""
+    ends = [(text.find(s) + len(s), -len(s)) for s in stops if s in text]
+    if not ends:
+        return text
+    end, minus = min(ends)
+    return text[: end + minus]
+
+
+def test_stop_matcher_cuts_where_a_full_search_of_the_text_does():
+    from pipeline.runtime.sampling import _StopMatcher
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        text = "".join(rng.choice(list("ab"), size=int(rng.integers(1, 30))))
+        stops = ["".join(rng.choice(list("ab"), size=int(rng.integers(1, 5)))) for _ in range(int(rng.integers(1, 3)))]
+        matcher, seen = _StopMatcher(tuple(stops)), ""
+        while seen != text:
+            piece = text[len(seen) : len(seen) + int(rng.integers(1, 4))]
+            begin = matcher.feed(piece)
+            if begin is not None:
+                assert (seen + piece)[: len(seen) + begin] == _first_stop(text, stops), (text, stops)
+                break
+            seen += piece
+            tail = max((k for s in stops for k in range(len(s)) if seen.endswith(s[:k])), default=0)
+            assert matcher.held() == tail, (seen, stops)
+        else:
+            assert _first_stop(text, stops) == text
+
+
+def test_a_long_stop_string_is_checked_in_time_linear_in_its_length(tiny_gpt2):
+    from pipeline.runtime.text import open_tokenizer
+
+    tokenizer = open_tokenizer(tiny_gpt2 / "tokenizer.json")
+    tokens = tokenizer.encode("a" * 200).ids[:8]
+    started = time.perf_counter()
+    # A rescan of the text's tail for each prefix of the string took over a minute for these 8 tokens.
+    detokenizer = Detokenizer(tokenizer, [], ("a" * 1_000_000,))
+    emitted = ""
+    for token in tokens:
+        emitted += detokenizer.add(token)[0]
+        assert time.perf_counter() - started < 20  # it takes under a second
+    text, stopped = detokenizer.flush()
+    assert emitted == "" and not stopped  # all held back: the text could be the start of the stop string
+    assert text == tokenizer.decode(tokens) and set(text) == {"a"}
+
+
 def test_settings_accepts_numpy_numbers_and_token_id_lists(model):
     sampling = model.settings(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(3), eos=[0, 1])
     assert (sampling.do_sample, sampling.temperature, sampling.top_k, sampling.eos) == (True, 0.5, 3, {0, 1})
@@ -380,4 +462,8 @@ def test_published_decoder_records_teacher_forced_agreement_and_perplexity_ratio
     validation = json.loads((published_gpt2 / "manifest.json").read_text())["validation"]
     assert 0.5 < validation["teacher_top1_agreement"] <= 1.0
     assert 0.9 < validation["perplexity_ratio"] < 1.1
-    assert 0 <= validation["greedy_prefix_agreement"] <= 1.0
+    # Every greedy continuation matched (greedy_match 1.0), so each was reproduced whole.
+    assert validation["greedy_match"] == 1.0 and validation["greedy_prefix_agreement"] == 1.0
+    from pipeline.metrics import greedy_stats
+
+    assert greedy_stats([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])["greedy_prefix_agreement"] == 0.75

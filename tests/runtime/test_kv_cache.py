@@ -83,12 +83,25 @@ def _addresses(state: Decoding, steps: int) -> list[list[int]]:
 def test_shared_cache_is_written_in_place_without_a_copy_per_step(llama):
     _, model = llama
     rows = [e.ids for e in model.encode(SMALL_TEXTS[:3])]
-    state = Decoding(model, rows, max(map(len, rows)) + 8)
-    before = state.buffers()
-    seen = _addresses(state, 6)
-    assert all(step == before + before for step in seen)  # past and present: the same buffers at every step
-    capacity = {v.shape()[2] for v in state.past.values()}
-    assert capacity == {max(map(len, rows)) + 8}
+    width = max(map(len, rows))
+    state = Decoding(model, rows, width + 8)
+    past = state.buffers()
+    assert {v.shape()[2] for v in state.past.values()} == {width + 8}
+
+    def cache() -> list[np.ndarray]:  # what the bound past buffers hold now
+        return [np.array(v.numpy(), copy=True) for v in state.past.values()]
+
+    logits = state.step()
+    for step in range(6):
+        assert [v.data_ptr() for v in state.binding.get_outputs()[1:]] == past  # present written into past
+        before = cache()
+        logits = state.step(logits.argmax(-1))
+        for old, new in zip(before, cache(), strict=True):
+            for row, end in enumerate(state.lengths - 1):  # each row's new token goes in at its own length
+                assert np.array_equal(new[row, :, :end], old[row, :, :end])  # what it held before stays
+                assert new[row, :, end].any() and not np.array_equal(new[row, :, end], old[row, :, end])
+            assert not new[:, :, width + step + 1 :].any()  # nothing past the longest row's new token
+        assert not np.shares_memory(state.mask, state.masks)  # a batch of several copies its mask (the docstring)
 
 
 def test_concat_cache_of_an_unfused_graph_gets_new_buffers_each_step(tmp_path, texts_file):
@@ -104,5 +117,6 @@ def test_a_full_cache_refuses_another_token(llama):
     state = Decoding(model, [model.encode(["ok"])[0].ids], len(model.encode(["ok"])[0].ids) + 1)
     logits = state.step()
     logits = state.step(logits.argmax(-1))
+    assert np.shares_memory(state.mask, state.masks)  # a batch of one binds a view of its mask, no copy
     with pytest.raises(ValueError, match=r"holds \d+ tokens and is full"):
         state.step(np.array([0]))

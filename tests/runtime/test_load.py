@@ -65,6 +65,19 @@ def test_load_refuses_deleted_tokenizer(artifact_copy):
         load(artifact_copy)
 
 
+@pytest.mark.parametrize("content", ['{"garbage": 1}', "not json", ""])
+def test_load_raises_one_line_artifact_error_naming_the_file_when_tokenizer_is_corrupt(artifact_copy, content):
+    from pipeline.runtime.artifact import sha256_file
+
+    tokenizer = artifact_copy / "tokenizer.json"
+    tokenizer.write_text(content)
+    _edit_manifest(artifact_copy, lambda m: m["files"].update({"tokenizer.json": sha256_file(tokenizer)}))
+    verify_artifact(artifact_copy)  # the hashes hold: what fails is reading the tokenizer
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is not a tokenizer the tokenizers library can read") as e:
+        load(artifact_copy)
+    assert "\n" not in str(e.value)
+
+
 def test_load_refuses_edited_manifest(artifact_copy):
     _edit_manifest(artifact_copy, lambda m: m["validation"].update(cosine_min=1.0), reseal=False)
     with pytest.raises(ArtifactError, match=r"manifest\.json was edited after publishing"):

@@ -8,6 +8,7 @@ import torch
 
 from pipeline.errors import ExportError, InputError
 from pipeline.manifest import Manifest
+from pipeline.passes.lm_head import last_token_logits
 from pipeline.stages import checkpoint, export
 from pipeline.targets import load_target
 
@@ -124,7 +125,7 @@ def test_last_token_logits_leaves_other_graphs_alone():
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3])],
         [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 2, 3])],
     ))  # fmt: skip
-    assert export.last_token_logits(graph) is False and len(graph.graph.node) == 1
+    assert last_token_logits(graph) is False and len(graph.graph.node) == 1
 
 
 def test_onnx_from_causal_lm_refuses_generation_settings_it_cannot_follow(tiny_gpt2, tmp_path):

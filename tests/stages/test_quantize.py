@@ -11,7 +11,8 @@ from pipeline.data import read_texts
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import development_margin
-from pipeline.quantization import activation_absmax, quantizable_nodes, smooth
+from pipeline.passes.int8 import quantizable_nodes
+from pipeline.passes.smoothing import activation_absmax, smooth
 from pipeline.stages import checkpoint, export, optimize, quantize
 from pipeline.targets import load_target
 
@@ -176,7 +177,7 @@ def test_quantize_static_same_inputs_give_same_artifact(tiny_bert, texts_file, c
 
 
 def test_calibration_reader_streams_fixed_width_batches(fused):
-    from pipeline.quantization import calibration_reader
+    from pipeline.passes.int8 import calibration_reader
 
     manifest, target = fused
     model = candidate_model(manifest, target)

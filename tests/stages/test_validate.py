@@ -50,7 +50,12 @@ def test_compare_flags_nan_candidate():
 def test_failures_lists_every_missed_threshold():
     stats = {"cosine_min": 0.98, "cosine_mean": 0.999, "max_abs_diff": 0.2}
     missed = failures(stats, Accuracy(cosine_min=0.99, cosine_mean=0.995, max_abs_diff=0.1))
-    assert missed == ["cosine_min = 0.9800, needs >= 0.99", "max_abs_diff = 0.2000, needs <= 0.1"]
+    assert missed == ["cosine_min = 0.98, needs >= 0.99", "max_abs_diff = 0.2, needs <= 0.1"]
+
+
+def test_failures_show_a_value_apart_from_its_threshold_when_they_differ_past_four_decimals():
+    missed = failures({"max_abs_diff": 3e-05, "cosine_min": 0.98999}, Accuracy(max_abs_diff=0.0, cosine_min=0.99))
+    assert missed == ["cosine_min = 0.98999, needs >= 0.99", "max_abs_diff = 3e-05, needs <= 0.0"]
 
 
 def test_worst_takes_lower_score_and_higher_difference():

@@ -6,7 +6,8 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.manifest import Manifest
-from pipeline.stages import checkpoint, export, optimize, precision
+from pipeline.passes.fp16 import KEEP_FP32
+from pipeline.stages import checkpoint, export, fp16, optimize
 from pipeline.targets import load_target
 
 from ..conftest import SMALL_TEXTS
@@ -16,7 +17,7 @@ from ..conftest import SMALL_TEXTS
 def graphs(tiny_bert, tmp_path_factory):
     target = load_target("a100")
     manifest = Manifest("m", str(tiny_bert), str(tmp_path_factory.mktemp("cache")), "", "", "")
-    for stage in (checkpoint.run, export.run, optimize.run, precision.run):
+    for stage in (checkpoint.run, export.run, optimize.run, fp16.run):
         manifest = stage(manifest, target)
     return manifest.stage("optimize").output("model.onnx"), manifest.stage("fp16").output("model.onnx"), manifest
 
@@ -33,7 +34,7 @@ def test_fp16_keeps_sensitive_ops_in_fp32_and_the_rest_in_fp16(graphs):
     _, fp16_path, manifest = graphs
     model = onnx.load(str(fp16_path))
     types = _input_types(model)
-    sensitive = [n for n in model.graph.node if n.op_type in precision.KEEP_FP32]
+    sensitive = [n for n in model.graph.node if n.op_type in KEEP_FP32]
     assert {n.op_type for n in sensitive} >= {"LayerNormalization", "Softmax"}
     for node in sensitive:
         assert types[node.input[0]] == onnx.TensorProto.FLOAT, node.name
@@ -60,4 +61,4 @@ def test_fp16_keeps_the_graphs_interface_and_its_outputs(graphs):
 
 def test_fp16_is_skipped_for_other_precisions(tiny_bert, tmp_path):
     manifest = Manifest("m", str(tiny_bert), str(tmp_path), "", "", "")
-    assert precision.run(manifest, load_target("cpu-avx2")) is manifest
+    assert fp16.run(manifest, load_target("cpu-avx2")) is manifest

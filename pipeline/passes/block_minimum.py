@@ -1,9 +1,9 @@
 """Weight-only int4 blocks that keep a float minimum each (the scheme of GGUF's Q4_1): w = scale * q + minimum,
 q in 0..15, scale and minimum from the block's range.
 
-ONNX Runtime's MatMulNBits runs fast only with integer zero points (float ones fall back to a kernel 14x slower on
-an AVX2 host), and rounding a block's minimum to a whole step moves the whole block by up to half a step, which
-cost SmolLM2 a perplexity x2.23. So the kernel gets the codes with its default zero point (8), and the rest of each
+ONNX Runtime's MatMulNBits runs fast only with integer zero points (float ones fall back to a much slower kernel),
+and rounding a block's minimum to a whole step moves the whole block by up to half a step (docs/targets.md has
+what that cost SmolLM2). So the kernel gets the codes with its default zero point (8), and the rest of each
 block's offset is added beside it, exactly:
 
     x @ W = MatMulNBits(x; q, scale) + (x @ S) @ M

@@ -1,0 +1,37 @@
+"""last_token_logits: a graph pass that makes a causal LM's head run on the last position only."""
+
+from __future__ import annotations
+
+
+def last_token_logits(graph) -> bool:
+    """Rewrite a causal LM graph in place so that its LM head runs on the last position only.
+
+        hidden [b, s, h] --MatMul(W)--> logits [b, s, V]
+    becomes
+        hidden [b, s, h] --Slice(axis 1, -1:)--> [b, 1, h] --MatMul(W)--> logits [b, 1, V]
+
+    Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
+    shrink by the prompt's length. Returns False, changing nothing, where `logits` is not made by a MatMul
+    with a constant weight: an initializer, or the Transpose of one, which optimum makes of a head tied to the
+    embedding when accelerate is installed (the runtime reads the last position either way).
+    """
+    import onnx
+
+    producer = next((n for n in graph.graph.node if "logits" in n.output), None)
+    weights = {i.name for i in graph.graph.initializer}
+    weights |= {n.output[0] for n in graph.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
+    if producer is None or producer.op_type != "MatMul" or producer.input[1] not in weights:
+        return False
+    constants = {"last_token_starts": -1, "last_token_ends": 2**63 - 1, "last_token_axes": 1}
+    for name, value in constants.items():
+        graph.graph.initializer.append(onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
+    sliced = producer.input[0] + "_last_token"
+    index = list(graph.graph.node).index(producer)
+    graph.graph.node.insert(
+        index, onnx.helper.make_node("Slice", [producer.input[0], *constants], [sliced], name="last_token_slice")
+    )
+    producer.input[0] = sliced
+    output = next(o for o in graph.graph.output if o.name == "logits")
+    output.type.tensor_type.shape.dim[1].Clear()
+    output.type.tensor_type.shape.dim[1].dim_value = 1
+    return True
