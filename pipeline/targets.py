@@ -186,8 +186,9 @@ class Serving:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One recipe the engine search builds, scores on the development split and times on the build host:
-    an engine, a precision and how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
+    """One [[candidates]] row: a candidate the engine search builds with the recipe of its engine and quantize
+    (pipeline.recipes), scores on the development split and times on the build host: an engine, a precision and
+    how int8 is made ("dynamic"/"static": ONNX Runtime with the [quantize] settings and
     its fallback; "nncf": OpenVINO's post-training int8; "weight_only": MatMulNBits of `bits` bits made as
     `blocks` says, in blocks of `block_size` or else the [quantize] block size, with the [quantize] accuracy level
     and head bits). A candidate whose CPU flags the build host lacks is a row in the report, not built. `family`
@@ -358,6 +359,9 @@ def target_from_toml(path: Path) -> Target:
                 f'{path}: {where} asks for blocks = "minimum" with bits = {table.bits}; float minimums are a 4-bit '
                 'scheme: set bits = 4, or blocks = "symmetric" or "zero_point"'
             )
+    from pipeline.recipes import check_candidates  # the recipes import these dataclasses
+
+    check_candidates(path, target.candidates)
     sized = [
         c if c.block_size else dataclasses.replace(c, block_size=target.quantize.block_size) for c in target.candidates
     ]

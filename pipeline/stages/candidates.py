@@ -8,6 +8,7 @@ import time
 from pipeline.errors import PipelineError
 from pipeline.metrics import NOT_MEASURED, closeness, failures
 from pipeline.progress import note, progress
+from pipeline.recipes import ROW_COLUMNS, recipe_for
 from pipeline.targets import Candidate
 
 # Session settings of every timed candidate: they alternate, and a spinning ONNX Runtime pool would take the cores
@@ -16,12 +17,11 @@ NO_SPINNING = {"allow_spinning": False}
 
 
 def candidate_row(candidate: Candidate, status: str, **values) -> dict:
-    """A candidate's row in the search table."""
+    """A candidate's row in the search table: what every row shows, the columns its recipe fills (the others
+    None), its status and `values`."""
+    shown = {column: None for column in ROW_COLUMNS} | recipe_for(candidate).row(candidate)
     return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
-            "quantize": candidate.quantize, "bits": candidate.bits if candidate.quantize == "weight_only" else None,
-            "blocks": candidate.blocks if candidate.quantize == "weight_only" else None,
-            "block_size": candidate.block_size if candidate.quantize == "weight_only" else None,
-            "bisect_layers": candidate.bisect_layers, "status": status,
+            "quantize": candidate.quantize, **shown, "bisect_layers": candidate.bisect_layers, "status": status,
             **values}  # fmt: skip
 
 

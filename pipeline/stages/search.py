@@ -16,10 +16,8 @@ build host cannot run (bf16 without the flags), is a row in the table, not an er
 passes, naming the closest. Candidates are timed with ONNX Runtime's spinning threads off: they alternate, and a
 spinning pool would steal the cores of the next one.
 
-    ort-fp32          the optimized fp32 graph                       ONNX Runtime
-    ort-int8-*        ONNX Runtime int8 with the sensitivity fallback (pipeline.stages.quantize)
-    openvino-fp32/bf16  the plain export compiled by OpenVINO at that inference precision
-    openvino-int8     NNCF post-training int8 of the plain export, the rest at OpenVINO's default precision
+Each candidate is built by the recipe of its kind (pipeline.recipes: ort-fp32, ort-int8-dynamic/static, openvino
+fp32/bf16, openvino-int8 with NNCF and its fallback; weight-only for decoders).
 """
 
 from __future__ import annotations
@@ -35,12 +33,12 @@ from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs
-from pipeline.onnx_files import copy_graph
 from pipeline.progress import progress
+from pipeline.recipes import Job, build_candidate
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
 from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
-from pipeline.stages.quantize import calibration_texts, development_split, int8_with_fallback
+from pipeline.stages.quantize import calibration_texts, development_split
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
@@ -48,7 +46,6 @@ from pipeline.timing import alternate, median_range, relative_scores, token_rows
 
 VERSION = 9
 SEQUENCE = 128
-OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,65 +83,6 @@ def chosen_target(manifest: Manifest, target: Target) -> Target:
     """The target as the rest of the build holds it: with the chosen candidate's thresholds, where a search ran."""
     record = next((r for r in manifest.stages if r.name == "search"), None)
     return target.with_candidate(record.metrics["chosen"]) if record else target
-
-
-def _openvino_graph(manifest, target, candidate: Candidate, out: Path, texts: dict, reference) -> tuple[dict, dict]:
-    """The plain export as OpenVINO IR in `out` (model.xml, model.bin); for int8, NNCF-quantized on the calibration
-    split with the MatMul kinds kept out of int8 that the development split needs (pipeline.nncf_fallback).
-    Returns the session settings it runs with and the fallback's record (None for fp32 and bf16)."""
-    import openvino as ov
-
-    model = ov.convert_model(str(manifest.stage("export").output("model.onnx")))
-    session = {"inference_precision": OV_PRECISION[candidate.precision]} if candidate.precision in OV_PRECISION else {}
-    fallback = None
-    if candidate.quantize == "nncf":
-        from pipeline.nncf_fallback import int8_with_kinds_kept
-
-        probe = candidate_model(manifest, target, manifest.stage("optimize").output("model.onnx"))
-        calibration = [probe.feeds(probe.encode([t])) for t in texts["calibration"]]
-        development = [probe.feeds(probe.encode([t])) for t in texts["development"]]
-        model, fallback = int8_with_kinds_kept(model, calibration, _dev_gate(manifest, target, development, reference))
-    ov.save_model(model, str(out / "model.xml"), compress_to_fp16=False)
-    return session, fallback
-
-
-def _dev_gate(manifest: Manifest, target: Target, feeds: list, reference):
-    """`passes(openvino_model)`: whether the model, compiled as the candidate runs, meets the target's development
-    gate on the development split (`feeds`, one text each): `development_gate` without headroom. The search's
-    held-out check stands behind it, and with ONNX Runtime's headroom (cosine min 0.997 for 0.99) MiniLM kept
-    every MatMul kind out of int8."""
-    import numpy as np
-    import openvino as ov
-
-    from pipeline.runtime.backends.openvino import compile_config
-
-    metric = TASKS[manifest.checkpoint.task].metric
-    gate = development_gate(target.accuracy, len(feeds))
-
-    def passes(model) -> bool:
-        compiled = ov.Core().compile_model(model, "CPU", compile_config({}))
-        got = np.concatenate([compiled(feed)[compiled.outputs[0]] for feed in feeds])
-        return not failures(compare(metric, reference, got), gate)
-
-    return passes
-
-
-def _build(manifest, target, candidate: Candidate, work: Path, texts: dict, reference) -> dict:
-    """Build one candidate in `work` (`reference`: PyTorch's outputs on texts["development"]); returns {"graph":
-    path, "backend", "session", "fallback"}."""
-    work.mkdir(parents=True)
-    calibration, development = texts["calibration"], texts["development"]
-    fp32 = manifest.stage("optimize").output("model.onnx")
-    if candidate.engine == "openvino":
-        session, fallback = _openvino_graph(manifest, target, candidate, work, texts, reference)
-        return {"graph": work / "model.xml", "backend": "openvino", "session": session, "fallback": fallback}
-    if candidate.precision == "fp32":
-        copy_graph(fp32, work / "model.onnx")
-        return {"graph": work / "model.onnx", "backend": "onnxruntime", "session": {}, "fallback": None}
-    settings = dataclasses.replace(target.quantize, mode=candidate.quantize)
-    metrics = int8_with_fallback(manifest, target, settings, calibration, fp32, work, development, strict=False)
-    fallback = {k: metrics[k] for k in ("quantized_nodes", "fp32_nodes", "smoothed_nodes", "met_headroom")}
-    return {"graph": work / "model.onnx", "backend": "onnxruntime", "session": {}, "fallback": fallback}
 
 
 def _workloads(model, texts: list, batch: int) -> dict:
@@ -237,20 +175,21 @@ def _held_out(manifest: Manifest, target: Target, models: dict, texts: list):
 
 
 def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out: Path):
-    """Build, score and time every encoder candidate; returns (rows, {name: built files}, held-out check)."""
+    """Build, score and time every encoder candidate with its recipe; returns (rows, {name: Built}, held-out
+    check)."""
     metric = TASKS[manifest.checkpoint.task].metric
-    development, calibration = texts["development"], texts["calibration"]
+    development = texts["development"]
     reference = pytorch_outputs(manifest.checkpoint, development)
 
     def make(candidate: Candidate):
-        made = _build(manifest, target, candidate, out / "work" / candidate.name, texts, reference)
-        model = candidate_model(manifest, target, made["graph"], made["backend"], {**made["session"], **NO_SPINNING})
+        made = build_candidate(candidate, Job(manifest, target, out / "work" / candidate.name, texts, reference))
+        model = candidate_model(manifest, target, made.graph, made.backend, {**made.session, **NO_SPINNING})
         stats = compare(metric, reference, outputs(model, development, metric, target.shapes.batch_size))
-        return made, model, stats, development_gate(target.accuracy, len(development)), {"fallback": made["fallback"]}
+        return made, model, stats, development_gate(target.accuracy, len(development)), {"fallback": made.fallback}
 
     rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)
     models = {name: model for name, (_, model) in built.items()}
-    attach_timings(rows, _time(models, development + calibration, target.shapes.batch_size))
+    attach_timings(rows, _time(models, development + texts["calibration"], target.shapes.batch_size))
     check = _held_out(manifest, target, models, texts["held_out"])
     return rows, {name: made for name, (made, _) in built.items()}, check
 
@@ -265,22 +204,19 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
     calibration, development = development_split(texts)
     split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
-    if family(manifest) == "decoder":
-        rows, graphs, check = search_decoders(manifest, target, split, flags, out)
-        built = {name: {"graph": graph, "backend": "onnxruntime", "session": {}} for name, graph in graphs.items()}
-    else:
-        rows, built, check = _search_encoders(manifest, target, split, flags, out)
+    searcher = search_decoders if family(manifest) == "decoder" else _search_encoders
+    rows, built, check = searcher(manifest, target, split, flags, out)
     winner = choose(rows, check)
     if winner is None:
         raise _no_winner(manifest, target, rows)
     made = built[winner["name"]]
-    for file in made["graph"].parent.iterdir():
+    for file in made.graph.parent.iterdir():
         if file.suffix in (".onnx", ".data", ".xml", ".bin"):  # a graph, its data file, OpenVINO's IR
             shutil.copyfile(file, out / file.name)
     shutil.rmtree(out / "work")
     return {
-        "chosen": winner["name"], "backend": made["backend"], "precision": winner["precision"],
-        "graph": made["graph"].name, "session": made["session"], "candidates": rows,
+        "chosen": winner["name"], "backend": made.backend, "precision": winner["precision"],
+        "graph": made.graph.name, "session": made.session, "candidates": rows,
         "calibration_examples": len(calibration), "development_examples": len(development),
         "held_out_examples": len(split["held_out"]), "kernel_class": kernel_class(flags),
         "timed_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -17,7 +17,6 @@ is chosen; validation then holds it to that gate again. A candidate that misses 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from pathlib import Path
@@ -26,9 +25,8 @@ import numpy as np
 
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
-from pipeline.onnx_files import copy_graph
-from pipeline.passes.weight_only import quantize_weight_only
 from pipeline.progress import progress
+from pipeline.recipes import Job, recipe_for
 from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
@@ -38,24 +36,6 @@ from pipeline.timing import median_range
 PROMPT = 128
 DECODE_STEPS = 16
 DECODE_BATCH = 8
-
-
-def _build(manifest: Manifest, target: Target, candidate: Candidate, work: Path, wide=()) -> Path:
-    """The candidate's graph in `work`: the optimized fp32 graph, or its MatMul weights in `bits`-bit blocks (the
-    nodes in `wide` in the target's head_bits)."""
-    work.mkdir(parents=True)
-    fp32 = manifest.stage("optimize").output("model.onnx")
-    if candidate.quantize == "none":
-        copy_graph(fp32, work / "model.onnx")
-    elif candidate.quantize == "weight_only":
-        settings = dataclasses.replace(
-            target.quantize, mode="weight_only", bits=candidate.bits, blocks=candidate.blocks,
-            block_size=candidate.block_size,
-        )  # fmt: skip
-        quantize_weight_only(fp32, work / "model.onnx", settings, wide=wide)
-    else:
-        raise ValueError(f"quantize = {candidate.quantize!r} is not a decoder recipe (none or weight_only)")
-    return work / "model.onnx"
 
 
 def _rows(model, texts: list[str]) -> tuple[list[int], list[list[int]]]:
@@ -92,9 +72,10 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
     return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
 
 
-def _judge(manifest, target, candidate, graph: Path, split: tuple) -> tuple[object, dict]:
-    """The candidate's runtime model and its row's statistics against PyTorch on `split` (texts, reference)."""
-    model = candidate_model(manifest, target, graph, session=NO_SPINNING)
+def _judge(manifest, target, made, split: tuple) -> tuple[object, dict]:
+    """The built candidate's runtime model and its row's statistics against PyTorch on `split` (texts,
+    reference)."""
+    model = candidate_model(manifest, target, made.graph, made.backend, {**made.session, **NO_SPINNING})
     return model, _stats(model, split, target)
 
 
@@ -120,22 +101,24 @@ def _layers(graph: Path) -> list[list[str]]:
     return [grouped[i] for i in sorted(grouped)]
 
 
-def _bisect(manifest, target, candidate, split: tuple, gate, work: Path, missed) -> tuple:
-    """Bisection over layers for a weight-only candidate that missed its development `gate` (`missed`: its
-    (graph, model, stats)): the fewest leading or trailing layers (`candidate.bisect_layers`) kept at head_bits
-    with which it passes, one measurement of the development split a try. Returns the passing try's (graph, model,
-    stats) and every try, or `missed` where even all layers wide miss."""
+def _bisect(manifest, target, candidate, direction: str, split: tuple, gate, work: Path, missed) -> tuple:
+    """Bisection over layers for a candidate that missed its development `gate` (`missed`: its (built, model,
+    stats)): the fewest leading or trailing layers (`direction`) its recipe keeps at head_bits with which it
+    passes, one measurement of the development split a try. Returns the passing try's (built, model, stats) and
+    every try, or `missed` where even all layers wide miss."""
     layers = _layers(manifest.stage("optimize").output("model.onnx"))
-    if candidate.bisect_layers == "trailing":
+    if direction == "trailing":
         layers.reverse()
+    recipe = recipe_for(candidate)
+    config = recipe.config(candidate, target)
     tries, best = [], None
 
     def attempt(count: int):
-        wide = [name for layer in layers[:count] for name in layer]
-        graph = _build(manifest, target, candidate, work / f"wide-{count}", wide)
-        model, stats = _judge(manifest, target, candidate, graph, split)
+        wide = tuple(name for layer in layers[:count] for name in layer)
+        made = recipe.build(config, Job(manifest, target, work / f"wide-{count}", wide=wide))
+        model, stats = _judge(manifest, target, made, split)
         tries.append({"wide_layers": count, "passed": not failures(stats, gate), **stats})
-        return (graph, model, stats), tries[-1]["passed"]
+        return (made, model, stats), tries[-1]["passed"]
 
     low, high = 0, len(layers)  # the candidate as built (no layer wide) missed
     for _ in progress(range(len(layers).bit_length() + 1), f"search: bisecting {candidate.name} over layers"):
@@ -155,8 +138,8 @@ def _bisect(manifest, target, candidate, split: tuple, gate, work: Path, missed)
 
 
 def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out: Path) -> tuple:
-    """Build, judge and time every decoder candidate on `texts["development"]`; returns (rows, {name: graph path}
-    for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`)."""
+    """Build (with its recipe), judge and time every decoder candidate on `texts["development"]`; returns (rows,
+    {name: Built} for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`)."""
     checkpoint = manifest.checkpoint
     torch_model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
 
@@ -168,15 +151,19 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
 
     def make(candidate: Candidate):
         work = out / "work" / candidate.name
-        graph = _build(manifest, target, candidate, work)
-        model, stats = _judge(manifest, target, candidate, graph, development)
+        recipe = recipe_for(candidate)
+        config = recipe.config(candidate, target)
+        made = recipe.build(config, Job(manifest, target, work))
+        model, stats = _judge(manifest, target, made, development)
         gate = development_gate(target.with_candidate(candidate.name).accuracy, len(texts["development"]))
-        wider = candidate.quantize == "weight_only" and candidate.bits != target.quantize.head_bits
-        if not (candidate.bisect_layers != "none" and wider and failures(stats, gate)):
-            return graph, model, stats, gate, {}
-        missed = (graph, model, stats)
-        (graph, model, stats), tries, wide = _bisect(manifest, target, candidate, development, gate, work, missed)
-        return graph, model, stats, gate, {"wide_layers": wide, "bisection": tries}
+        direction = recipe.bisection(config)
+        if direction == "none" or not failures(stats, gate):
+            return made, model, stats, gate, {}
+        missed = (made, model, stats)
+        (made, model, stats), tries, wide = _bisect(
+            manifest, target, candidate, direction, development, gate, work, missed
+        )
+        return made, model, stats, gate, {"wide_layers": wide, "bisection": tries}
 
     rows, built = judge_candidates(
         target.family_candidates("decoder"), flags, "search: building decoder candidates", make
@@ -188,4 +175,4 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
         stats = _stats(built[name][1], held_out, target)
         return stats, failures(stats, target.with_candidate(name).accuracy)
 
-    return rows, {name: graph for name, (graph, _) in built.items()}, check
+    return rows, {name: made for name, (made, _) in built.items()}, check

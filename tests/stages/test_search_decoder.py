@@ -8,8 +8,9 @@ import pytest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest
 from pipeline.metrics import CHECKS, development_gate, failures
+from pipeline.recipes import Job, build_candidate
 from pipeline.runtime import load
-from pipeline.stages import checkpoint, export, optimize, search, search_decoder
+from pipeline.stages import checkpoint, export, optimize, search
 from pipeline.targets import load_target
 
 from ..conftest import write_target
@@ -90,7 +91,8 @@ def test_a_candidates_block_size_is_the_block_size_of_its_graph(searched, tmp_pa
     int8 = [c for c in target.family_candidates("decoder") if c.quantize == "weight_only" and c.bits == 8]
     assert [c.block_size for c in int8] == [32, 128]
     for candidate in int8:
-        graph = onnx.load(str(search_decoder._build(searched, target, candidate, tmp_path / candidate.name))).graph
+        built = build_candidate(candidate, Job(searched, target, tmp_path / candidate.name))
+        graph = onnx.load(str(built.graph)).graph
         sizes = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
         assert sizes == {candidate.block_size}, candidate.name
 

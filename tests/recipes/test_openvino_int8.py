@@ -4,7 +4,7 @@ keeps the fewest kinds with which a model passes, run with real NNCF and OpenVIN
 import pytest
 
 from pipeline.manifest import Manifest, candidate_model
-from pipeline.nncf_fallback import (
+from pipeline.recipes.openvino_int8 import (
     RANKING_FEEDS,
     _activation_quantizers,
     _kind,
@@ -16,7 +16,7 @@ from pipeline.nncf_fallback import (
 from pipeline.stages import checkpoint, export
 from pipeline.targets import load_target
 
-from .conftest import CALIBRATION_TEXTS, SMALL_TEXTS
+from ..conftest import CALIBRATION_TEXTS, SMALL_TEXTS
 
 ov = pytest.importorskip("openvino")
 

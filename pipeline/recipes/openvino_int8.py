@@ -1,5 +1,6 @@
-"""NNCF int8 for OpenVINO with a sensitivity fallback: the MatMul kinds whose int8 error is largest stay in the
-compile precision (bf16 or fp32) until the development split passes.
+"""Recipe `openvino-int8`: NNCF post-training int8 of the plain export (transformer preset) for OpenVINO, with a
+sensitivity fallback: the MatMul kinds whose int8 error is largest stay in the compile precision (bf16 or fp32)
+until the development split passes.
 
 A transformer's MatMuls come in kinds that repeat in every layer (query, key, value, the attention output, the
 two feed-forward ones; OpenVINO fuses the two attention products into ScaledDotProductAttention). One fully
@@ -14,6 +15,7 @@ the kind that matters most: it carries all the error from before it.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import re
@@ -21,6 +23,8 @@ import re
 import numpy as np
 
 from pipeline.quiet import silenced
+from pipeline.recipes.base import Built, Job, Recipe
+from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
 
 RANKING_FEEDS = 16
 
@@ -121,3 +125,59 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes) -> tuple[
     record = {"kept_kinds": kept, "kept_nodes": sum(len(kinds.get(k, [])) for k in kept),
               "matmuls": sum(map(len, kinds.values())), "tries": tries}  # fmt: skip
     return built[chosen], record
+
+
+def development_passes(job: Job, feeds: list):
+    """`passes(openvino_model)`: whether the model, compiled as the candidate runs, meets the target's development
+    gate on the development split (`feeds`, one text each, against `job.reference`): `development_gate` without
+    headroom. The search's held-out check stands behind it, and with ONNX Runtime's headroom (cosine min 0.997
+    for 0.99) MiniLM kept every MatMul kind out of int8."""
+    import openvino as ov
+
+    from pipeline.metrics import compare, development_gate, failures
+    from pipeline.runtime.backends.openvino import compile_config
+    from pipeline.tasks import TASKS
+
+    metric = TASKS[job.manifest.checkpoint.task].metric
+    gate = development_gate(job.target.accuracy, len(feeds))
+
+    def passes(model) -> bool:
+        compiled = ov.Core().compile_model(model, "CPU", compile_config({}))
+        got = np.concatenate([compiled(feed)[compiled.outputs[0]] for feed in feeds])
+        return not failures(compare(metric, job.reference, got), gate)
+
+    return passes
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenVinoInt8Config:
+    """OpenVINO's inference precision for what stays out of int8 (None: OpenVINO's default)."""
+
+    inference_precision: str | None
+
+
+class OpenVinoInt8(Recipe):
+    """NNCF int8 of the plain export, calibrated on the calibration split, with the MatMul kinds kept out of int8
+    that the development split needs."""
+
+    name = "openvino-int8"
+    engine = "openvino"
+    quantize = "nncf"
+    families = ("encoder",)
+    precisions = ("int8",)
+    Config = OpenVinoInt8Config
+
+    def config(self, candidate, target) -> OpenVinoInt8Config:
+        """The candidate's precision as OpenVINO's inference precision, where it is one."""
+        return OpenVinoInt8Config(OV_PRECISION.get(candidate.precision))
+
+    def build(self, config: OpenVinoInt8Config, job: Job) -> Built:
+        """The int8 IR in `job.work`, with the fallback's record."""
+        from pipeline.manifest import candidate_model
+
+        job.work.mkdir(parents=True)
+        probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
+        calibration = [probe.feeds(probe.encode([t])) for t in job.texts["calibration"]]
+        development = [probe.feeds(probe.encode([t])) for t in job.texts["development"]]
+        model, fallback = int8_with_kinds_kept(plain_export(job), calibration, development_passes(job, development))
+        return save_ir(model, job, config.inference_precision, fallback)
