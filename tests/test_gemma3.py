@@ -11,7 +11,7 @@ import pytest
 from pipeline.build import build
 from pipeline.runtime import load
 
-from .gemma3 import make
+from .gemma3 import REPO, make
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):", "Water boils at"]
@@ -49,6 +49,10 @@ def test_gemma3_fp32_greedy_equals_transformers_alone_and_batched(gemma3_build):
     together = model.generate(PROMPTS, max_new_tokens=24, batch_size=len(PROMPTS))
     alone = [model.generate([p], max_new_tokens=24)[0] for p in PROMPTS]
     assert [c.token_ids for c in alone] == [c.token_ids for c in together] == expected
+    # A prompt longer than the 512-token window: the sliding layers see only its last 512 tokens.
+    long = " ".join((REPO / "data" / "calibration.txt").read_text().split()[:700])
+    [completion] = model.generate([long], max_new_tokens=8)
+    assert len(model.tokenizer.encode(long).ids) > 600 and completion.token_ids == _hf_greedy(checkpoint, long, 8)
 
 
 def test_gemma3_attention_becomes_group_query_attention_with_local_windows_on_the_sliding_layers(gemma3_build):
