@@ -33,7 +33,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
 OPSET = 17
-VERSION = 6  # 6: GroupQueryAttention graphs take right-padded batches (each row its own length, no bias)
+VERSION = 7  # 7: the Llama family's relatives in GroupQueryAttention, the last-token slice through position-wise ops
 
 
 @dataclasses.dataclass(frozen=True)
