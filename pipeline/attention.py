@@ -1,5 +1,7 @@
 """gqa_from_decomposed: a graph pass that replaces the decomposed attention of a decoder export with ONNX Runtime's
-GroupQueryAttention contrib op: Llama and Qwen2 with rotary embedding inside and Q/K/V packed into one MatMul;
+GroupQueryAttention contrib op: Llama-like layers (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1-3, Granite, OLMo2,
+SmolLM3) with rotary embedding inside and Q/K/V packed into one MatMul, or, where queries and keys go through an
+RMSNorm first (Qwen3, Gemma 3, OLMo2), fed to the op as separate query, key and value after the norms;
 GPT-2 (Q/K/V already packed by c_attn, learned positions) with kv_num_heads = num_heads, which is multi-head
 attention with the same cache handling; GPT-NeoX (Pythia) likewise, its query_key_value columns reordered from
 per-head [q, k, v] to the op's [Q, K, V], with its partial rotary (the first rotary_pct of each head) inside the op.
@@ -12,6 +14,16 @@ Per layer, optimum's export computes
 which becomes
 
     x -> MatMul(W_qkv) [-> Add(b_qkv)] -> GroupQueryAttention(past, seqlens_k, total, cos, sin) -> o_proj
+
+or, with q/k norms, which stay in the graph as exported:
+
+    x -> q_proj -> [Reshape/Transpose] -> q_norm -> [merge heads] --query--+
+    x -> k_proj -> [Reshape/Transpose] -> k_norm -> [merge heads] --key----+-> GroupQueryAttention -> o_proj
+    x -> v_proj ------------------------------------------------ --value--+
+
+Per layer the family's record adds the op's `scale` (Gemma's query_pre_attn_scalar, Granite's attention_multiplier),
+`softcap` (Gemma 2's attention logit softcapping), `local_window_size` (sliding-window layers) and which rotary
+cache the layer reads (Gemma 3's local layers have their own base frequency; SmolLM3's no-rope layers none).
 
 The graph takes right-padded batches, as onnxruntime-genai's do: `seqlens_k` is each row's own length less one
 (the mask's row sum), so the op writes and reads each row's cache at that row's own end, masks what lies beyond,
@@ -39,28 +51,42 @@ def gpt2_problem(model) -> str | None:
     return None
 
 
+def body(model):
+    """The decoder stack under the LM head (its layers, norms and rotary modules). Gemma3ForCausalLM names its
+    base model prefix `language_model` but keeps the stack in `model`, so `base_model` is the head itself."""
+    base = model.base_model
+    return getattr(model, "model", base) if base is model else base
+
+
+# Rotary types whose frequencies depend on the sequence's length: one cos/sin cache cannot hold them.
+LENGTH_DEPENDENT_ROTARY = ("dynamic", "longrope")
+
+
 def rotary_problem(model) -> str | None:
     """Why a rotary-embedding checkpoint's attention cannot take its rotary inside GroupQueryAttention, or None."""
-    if getattr(model.config, "use_sliding_window", False):
-        return "sliding-window attention is not rewritten"
-    rotary = getattr(model.base_model, "rotary_emb", None)
-    if rotary is None:
+    modules = {n: m for n, m in body(model).named_children() if n.startswith("rotary_emb")}
+    if "rotary_emb" not in modules:
         return "the model has no rotary_emb module to build the cos/sin cache from"
-    dims = 2 * len(rotary.inv_freq)
-    if dims % ROTARY_MULTIPLE:
-        return f"{dims} rotary dimensions a head is not a multiple of {ROTARY_MULTIPLE}, which the CPU kernel needs"
+    for name, rotary in modules.items():
+        kind = getattr(rotary, "rope_type", "default")
+        if kind in LENGTH_DEPENDENT_ROTARY:
+            return f"its {name} ({kind!r} rope scaling) changes frequencies with the sequence length, which one " \
+                "cos/sin cache inside the op cannot follow"  # fmt: skip
+        dims = 2 * len(rotary.inv_freq)
+        if dims % ROTARY_MULTIPLE:
+            return f"{dims} rotary dimensions a head is not a multiple of {ROTARY_MULTIPLE}, which the CPU kernel needs"
     return None
 
 
-def rotary_cache(model, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin [length, rotary dimensions / 2] of the model's own rotary embedding (its scaling type and factor
-    included) at positions 0 .. length - 1."""
+def rotary_cache(model, length: int, module: str = "rotary_emb") -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [length, rotary dimensions / 2] of the model's own rotary embedding `module` (its scaling type
+    and factor included) at positions 0 .. length - 1."""
     import torch
 
     positions = torch.arange(length)[None]
     probe = torch.zeros(1, dtype=torch.float32)
     with torch.inference_mode():
-        cos, sin = model.base_model.rotary_emb(probe, positions)
+        cos, sin = getattr(body(model), module)(probe, positions)
     half = cos.shape[-1] // 2
     return cos[0, :, :half].numpy().astype(np.float32), sin[0, :, :half].numpy().astype(np.float32)
 
@@ -164,26 +190,81 @@ def _packed_projection(prefix: str, x: str, weight: np.ndarray, bias, arrays: di
     return made, f"{name}/biased"
 
 
+def _output(nodes: dict, prefix: str, name: str) -> str:
+    """The output of a projection: its bias Add where it has one, else its MatMul."""
+    add = nodes.get(f"{prefix}{name}/Add")
+    return (add or nodes[f"{prefix}{name}/MatMul"]).output[0]
+
+
+def _normed(g, prefix: str, scope: str, arrays: dict) -> tuple[list, str]:
+    """The output of the norm module `scope` (q_norm, k_norm) as [b, s, heads * head size]: (nodes, output). A
+    per-head norm reads [b, s, heads, d] (after the view) or [b, heads, s, d] (after the transpose too); its heads
+    are merged back here. A full-width norm (OLMo2) reads the projection itself and needs nothing."""
+    from onnx import helper
+
+    inside = [n for n in g.node if n.name.startswith(f"{prefix}{scope}/")]
+    made_inside = {o for n in inside for o in n.output}
+    outside = [n for n in g.node if not n.name.startswith(f"{prefix}{scope}/")]
+    read_outside = {i for n in outside for i in n.input}
+    ends = [o for n in inside for o in n.output if o in read_outside]
+    producers = {o: n for n in g.node for o in n.output}
+    constants = {i.name for i in g.initializer}
+    starts = {i for n in inside for i in n.input if i and i not in made_inside and i not in constants}
+    # Constants, and initializers the exporter shares through Identity (equal norm weights of a random model).
+    fixed = {
+        n.output[0] for n in g.node if n.op_type == "Constant" or (n.op_type == "Identity" and n.input[0] in constants)
+    }
+    starts = {i for i in starts if i in producers and i not in fixed}
+    if len(ends) != 1 or len(starts) != 1:
+        raise LookupError(f"{prefix}{scope} with one input and one output")
+    before = producers[starts.pop()].op_type
+    if before not in ("Transpose", "Reshape"):
+        return [], ends[0]
+    arrays["gqa/merge_heads"] = np.array([0, 0, -1], np.int64)
+    made, x = [], ends[0]
+    if before == "Transpose":  # [b, heads, s, d] -> [b, s, heads, d]
+        made.append(helper.make_node("Transpose", [x], [f"{prefix}gqa/{scope}_bshd"], perm=[0, 2, 1, 3]))
+        x = made[-1].output[0]
+    made.append(helper.make_node("Reshape", [x, "gqa/merge_heads"], [f"{prefix}gqa/{scope}_merged"]))
+    return made, made[-1].output[0]
+
+
 def _llama_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
-    """Where a Llama/Qwen2 layer's attention starts and ends: its q/k/v projections (packed here into one MatMul,
-    with their biases where they have them) and the o_proj MatMul that reads the attention's output."""
+    """Where a Llama-like layer's attention starts and ends: its q/k/v projections (packed here into one MatMul,
+    with their biases where they have them; Phi-3's qkv_proj is packed already), or, with q/k norms, the norms'
+    outputs and v_proj's; and the o_proj MatMul that reads the attention's output."""
     from onnx import numpy_helper
 
     prefix = f"/model/layers.{layer}/self_attn/"
-    parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
     o_proj = nodes.get(f"{prefix}o_proj/MatMul")
-    if o_proj is None or len({p[0] for p in parts}) != 1:
-        raise LookupError(f"layer {layer}: o_proj, or one input shared by q, k and v projections")
+    if o_proj is None:
+        raise LookupError(f"{prefix}o_proj/MatMul")
+    plan = {"prefix": prefix, "readers": [o_proj], "replaces": o_proj.input[0]}
+    if f"{prefix}qkv_proj/MatMul" in nodes:  # already [Q, K, V], the op's packed order
+        _projection(nodes, weights, prefix, "qkv_proj")
+        return plan | {"build": lambda arrays: ([], [_output(nodes, prefix, "qkv_proj"), "", ""])}
+    parts = [_projection(nodes, weights, prefix, f"{p}_proj") for p in "qkv"]
+    if len({p[0] for p in parts}) != 1:
+        raise LookupError(f"layer {layer}: one input shared by q, k and v projections")
+    if any(n.startswith(f"{prefix}q_norm/") for n in nodes):
+
+        def separate(arrays: dict) -> tuple[list, list]:
+            query_nodes, query = _normed(g, prefix, "q_norm", arrays)
+            key_nodes, key = _normed(g, prefix, "k_norm", arrays)
+            return query_nodes + key_nodes, [query, key, _output(nodes, prefix, "v_proj")]
+
+        return plan | {"build": separate}
     if len({b is None for _, _, b in parts}) != 1:
         raise LookupError(f"layer {layer}: a bias on all of q, k and v or on none")
 
-    def build(arrays: dict) -> tuple[list, str]:
+    def build(arrays: dict) -> tuple[list, list]:
         loaded = [(numpy_helper.to_array(w), None if b is None else numpy_helper.to_array(b)) for _, w, b in parts]
         weight = np.concatenate([w for w, _ in loaded], axis=1)
         bias = None if loaded[0][1] is None else np.concatenate([b for _, b in loaded])
-        return _packed_projection(prefix, parts[0][0], weight, bias, arrays)
+        made, packed = _packed_projection(prefix, parts[0][0], weight, bias, arrays)
+        return made, [packed, "", ""]
 
-    return {"prefix": prefix, "build": build, "readers": [o_proj], "replaces": o_proj.input[0]}
+    return plan | {"build": build}
 
 
 def _neox_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
@@ -204,7 +285,8 @@ def _neox_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
 
     def build(arrays: dict) -> tuple[list, str]:
         packed_bias = None if bias is None else by_kind(numpy_helper.to_array(bias))
-        return _packed_projection(prefix, x, by_kind(numpy_helper.to_array(weight)), packed_bias, arrays)
+        made, packed = _packed_projection(prefix, x, by_kind(numpy_helper.to_array(weight)), packed_bias, arrays)
+        return made, [packed, "", ""]
 
     return {"prefix": prefix, "build": build, "readers": [dense], "replaces": dense.input[0]}
 
@@ -217,19 +299,20 @@ def _gpt2_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
     if packed is None or merged is None:
         raise LookupError(f"layer {layer}: {prefix}c_attn/Reshape_1 and {prefix}Reshape_3")
     readers = [n for n in g.node if merged.output[0] in n.input]
-    return {"prefix": prefix, "build": lambda arrays: ([], packed.output[0]), "readers": readers,
+    return {"prefix": prefix, "build": lambda arrays: ([], [packed.output[0], "", ""]), "readers": readers,
             "replaces": merged.output[0]}  # fmt: skip
 
 
 LAYOUTS = {"llama": _llama_layer, "gpt2": _gpt2_layer, "neox": _neox_layer}
 
 
-def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: int, rotary=None) -> dict:
-    """Rewrite `graph` (ModelProto, an optimum export whose layers follow `layout`, a LAYOUTS key) in place; returns
-    node counts before and
-    after. `rotary` is the (cos, sin) cache for rotary embedding inside the op, or None (GPT-2's positions are
-    learned, added before the first layer). Raises LookupError, changing nothing, when a layer's attention is
-    not where the export puts it."""
+def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: int, rotary=None, options=None) -> dict:
+    """Rewrite `graph` (an optimum export whose layers follow `layout`, a LAYOUTS key; ModelProto) in place; returns
+    node counts before and after. `rotary` maps a cache name to its (cos, sin) for rotary embedding inside the op
+    (none for GPT-2, whose positions are learned and added before the first layer). `options` holds, per layer, the
+    op's extra attributes (scale, softcap, local_window_size) and under "rotary" the name of the layer's cache
+    (default "rotary_emb"; None: the layer has no rotary). Raises LookupError, changing nothing, when a layer's
+    attention is not where the export puts it."""
     from onnx import helper, numpy_helper
 
     g = graph.graph
@@ -239,10 +322,16 @@ def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: i
     # The exporter shares equal initializers (zero biases of a random model) through Identity nodes.
     weights |= {n.output[0]: weights[n.input[0]] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
     plans = [LAYOUTS[layout](g, nodes, weights, layer, heads) for layer in range(layers)]
-    arrays = {"gqa/cos": rotary[0], "gqa/sin": rotary[1]} if rotary is not None else {}
-    caches = ["gqa/cos", "gqa/sin"] if rotary is not None else ["", ""]
-    for layer, plan in enumerate(plans):
-        made, query = plan["build"](arrays)
+    rotary = rotary or {}
+    options = options or [{} for _ in range(layers)]
+    arrays = {f"gqa/{name}/{part}": cache[i] for name, cache in rotary.items() for i, part in enumerate(("cos", "sin"))}
+    built = [plan["build"](arrays) for plan in plans]  # reads the graph: before any node is removed
+    for layer, (plan, (made, qkv)) in enumerate(zip(plans, built, strict=True)):
+        attributes = {k: v for k, v in options[layer].items() if k != "rotary"}
+        cache = options[layer].get("rotary", "rotary_emb") if rotary else None
+        if cache is not None and cache not in rotary:
+            raise LookupError(f"a rotary cache named {cache} for layer {layer}")
+        caches = [f"gqa/{cache}/cos", f"gqa/{cache}/sin"] if cache else []
         past = [f"past_key_values.{layer}.{kv}" for kv in ("key", "value")]
         present = [f"present.{layer}.{kv}" for kv in ("key", "value")]
         for node in [n for n in g.node if set(n.output) & set(present)]:
@@ -250,9 +339,9 @@ def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: i
         out = f"{plan['prefix']}gqa/out"
         made.append(
             helper.make_node(
-                "GroupQueryAttention", [query, "", "", *past, "gqa/seqlens_k", "gqa/total", *caches],
+                "GroupQueryAttention", [*qkv, *past, "gqa/seqlens_k", "gqa/total", *caches],
                 [out, *present], name=f"{plan['prefix']}GroupQueryAttention", domain="com.microsoft",
-                num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary is not None),
+                num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(cache is not None), **attributes,
             )
         )  # fmt: skip
         # Contrib ops have no ONNX type inference: declare the output's type, or type-driven passes (the fp16

@@ -31,7 +31,10 @@ ENCODER_FUSIONS = {
     "modernbert": {},
 }
 TESTED_ENCODERS = tuple(ENCODER_FUSIONS)
-TESTED_DECODERS = ("gpt2", "llama", "qwen2", "gpt_neox")
+TESTED_DECODERS = (
+    "gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "granite", "olmo2",
+    "smollm3", "gpt_neox",
+)  # fmt: skip
 # What ORT's optimizer fuses in each 2-layer decoder: the residual Add with the next norm (GPT-NeoX's parallel
 # residual leaves one per layer), RMSNorm as SimplifiedLayerNormalization, and the MLP's Gelu.
 DECODER_FUSIONS = {
@@ -39,6 +42,17 @@ DECODER_FUSIONS = {
     "llama": {"SkipSimplifiedLayerNormalization": 4, "SimplifiedLayerNormalization": 1},
     "qwen2": {"SkipSimplifiedLayerNormalization": 4, "SimplifiedLayerNormalization": 1},
     "gpt_neox": {"SkipLayerNormalization": 2, "BiasGelu": 2},
+}
+# Why a tiny decoder keeps its decomposed attention: 8 rotary dimensions a head (head size 16, rotary_pct 0.5).
+DECODER_DECOMPOSED = {"gpt_neox": "8 rotary dimensions"}
+# The GroupQueryAttention attributes each tiny decoder's layers get beyond the head counts (tests/tiny.py's
+# configs): sliding windows of 8, Gemma's query_pre_attn_scalar of 24, Gemma 2's softcap, Granite's multiplier.
+GEMMA_SCALE = 24**-0.5
+DECODER_ATTENTION = {
+    "mistral": [{"local_window_size": 8}] * 2,
+    "gemma2": [{"scale": GEMMA_SCALE, "local_window_size": 8, "softcap": 5.0}, {"scale": GEMMA_SCALE, "softcap": 5.0}],
+    "gemma3_text": [{"scale": GEMMA_SCALE, "local_window_size": 8}] * 2 + [{"scale": GEMMA_SCALE}],
+    "granite": [{"scale": 0.3}] * 2,
 }
 TESTED_TASKS = (
     "feature-extraction", "sequence-classification", "token-classification", "fill-mask", "question-answering",
@@ -143,8 +157,26 @@ def test_classifier_artifact_gives_transformers_logits(task, texts_file, calibra
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+def _hf_greedy(folder, prompts: list[str], new_tokens: int) -> list[tuple]:
+    """transformers' greedy continuation of each prompt alone (up to its end-of-sequence token, if it makes one)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    out = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")
+        with torch.inference_mode():
+            made = model.generate(**ids, do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
+        out.append(tuple(made[0, ids["input_ids"].shape[1] :].tolist()))
+    return out
+
+
 @pytest.mark.parametrize("model_type", TESTED_DECODERS)
 def test_build_each_decoder_generates_what_transformers_generates(model_type, texts_file, tmp_path):
+    from .conftest import SMALL_TEXTS
+
     folder = make_decoder(tmp_path / f"tiny-{model_type}", model_type)
     manifest = build(
         folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
@@ -153,8 +185,28 @@ def test_build_each_decoder_generates_what_transformers_generates(model_type, te
     validation = manifest.stage("validate").metrics
     assert validation["greedy_match"] == 1.0 and validation["new_tokens"] == 32 and validation["top1_agreement"] == 1
     assert manifest.stage("export").metrics["last_token_logits"]
+    attention = manifest.stage("export").metrics["attention"]
+    if model_type in DECODER_DECOMPOSED:
+        assert attention["op"] is None and DECODER_DECOMPOSED[model_type] in attention["why"]
+    else:
+        assert attention["op"] == "GroupQueryAttention" and attention["cache"] == "shared"
+        expected_attributes = DECODER_ATTENTION.get(model_type, [{}] * attention["layers"])
+        rounded = [
+            [{k: round(v, 6) for k, v in layer.items()} for layer in a]
+            for a in (attention["attributes"], expected_attributes)
+        ]
+        assert rounded[0] == rounded[1]
     fused = manifest.stage("optimize").metrics["fused"]
-    assert {op: fused.get(op) for op in DECODER_FUSIONS[model_type]} == DECODER_FUSIONS[model_type]
+    expected = DECODER_FUSIONS.get(model_type, {})
+    assert {op: fused.get(op) for op in expected} == expected
     model = load(manifest.published["path"])
     [completion] = model.generate(["The cat sat on"], max_new_tokens=8, eos=False)
     assert len(completion.token_ids) == 8 and completion.finish_reason == "length"
+    # One right-padded batch of prompts of different lengths (longer than the sliding windows with what is
+    # generated), and each prompt alone: transformers' greedy continuation of each prompt alone.
+    prompts = SMALL_TEXTS[:6]
+    expected_tokens = _hf_greedy(folder, prompts, 12)
+    together = model.generate(prompts, max_new_tokens=12, batch_size=len(prompts), eos=False)
+    alone = [model.generate([p], max_new_tokens=12, eos=False)[0] for p in prompts]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert [c.token_ids[: len(e)] for c, e in zip(alone, expected_tokens, strict=True)] == expected_tokens

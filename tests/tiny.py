@@ -79,23 +79,52 @@ def make_checkpoint(folder: Path, model_type: str = "bert", task: str = "feature
 
 DECODER_VOCAB = 512
 # Per family: the transformers config class, the tokenizer class, its special tokens, and config settings.
+_GEMMA = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True}
+_LLAMA = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True}
+_ENDOFTEXT = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+_QWEN = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None}
+_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# Sliding windows of 8 tokens, shorter than the tests' prompts plus generation, so that the window changes the output.
 DECODERS = {
-    "gpt2": ("GPT2Config", "GPT2TokenizerFast", {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-             "unk_token": "<|endoftext|>"},
+    "gpt2": ("GPT2Config", "GPT2TokenizerFast", _ENDOFTEXT,
              {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 128, "n_positions": 256, "bos_token_id": 0,
               "eos_token_id": 0}),
-    "llama": ("LlamaConfig", "LlamaTokenizerFast", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-              "add_bos_token": True},
+    "llama": ("LlamaConfig", "LlamaTokenizerFast", _LLAMA,
               {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}),
-    "qwen2": ("Qwen2Config", "Qwen2TokenizerFast", {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-              "unk_token": None, "bos_token": None},
+    "mistral": ("MistralConfig", "LlamaTokenizerFast", _LLAMA,
+                {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 8}),
+    "qwen2": ("Qwen2Config", "Qwen2TokenizerFast", _QWEN,
               {"num_key_value_heads": 2, "eos_token_id": 0, "tie_word_embeddings": True}),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXTokenizerFast", {"bos_token": "<|endoftext|>",
-                 "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+    "qwen3": ("Qwen3Config", "Qwen2TokenizerFast", _QWEN,  # per-head RMSNorm of queries and keys
+              {"num_key_value_heads": 2, "head_dim": 16, "eos_token_id": 0, "tie_word_embeddings": True}),
+    "phi3": ("Phi3Config", "LlamaTokenizerFast", _LLAMA,  # q, k and v in one qkv_proj
+             {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}),
+    "gemma": ("GemmaConfig", "GemmaTokenizerFast", _GEMMA,  # embeddings scaled by sqrt(hidden), RMSNorm (1 + w)
+              {"num_key_value_heads": 1, "head_dim": 16, **_IDS}),
+    "gemma2": ("Gemma2Config", "GemmaTokenizerFast", _GEMMA,
+               {"num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
+                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
+                "layer_types": ["sliding_attention", "full_attention"], **_IDS}),
+    "gemma3_text": ("Gemma3TextConfig", "GemmaTokenizerFast", _GEMMA,
+                    {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 24,
+                     "sliding_window": 8, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], **_IDS}),
+    "granite": ("GraniteConfig", "GPT2TokenizerFast", _ENDOFTEXT,
+                {"num_key_value_heads": 2, "attention_multiplier": 0.3, "embedding_multiplier": 2.0,
+                 "residual_multiplier": 0.5, "logits_scaling": 4.0, "bos_token_id": 0, "eos_token_id": 0,
+                 "pad_token_id": 0}),
+    "olmo2": ("Olmo2Config", "GPT2TokenizerFast", _ENDOFTEXT,  # RMSNorm over all heads' queries and keys
+              {"num_key_value_heads": 2, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}),
+    "smollm3": ("SmolLM3Config", "GPT2TokenizerFast", _ENDOFTEXT,  # the second layer without rotary
+                {"num_key_value_heads": 2, "no_rope_layers": [1, 0], "bos_token_id": 0, "eos_token_id": 0,
+                 "pad_token_id": 0}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXTokenizerFast", _ENDOFTEXT,
                  {"rotary_pct": 0.5, "bos_token_id": 0, "eos_token_id": 0}),
 }  # fmt: skip
-_SPECIALS = {"gpt2": ["<|endoftext|>"], "llama": ["<unk>", "<s>", "</s>"], "qwen2": ["<|endoftext|>"],
-             "gpt_neox": ["<|endoftext|>"]}  # fmt: skip
+_SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "qwen2": ["<|endoftext|>"]}
+_SPECIALS |= {"gemma": ["<pad>", "<bos>", "<eos>", "<unk>"]}
+_SPECIALS |= {"mistral": _SPECIALS["llama"], "phi3": _SPECIALS["llama"], "qwen3": _SPECIALS["qwen2"],
+              "gemma2": _SPECIALS["gemma"], "gemma3_text": _SPECIALS["gemma"]}  # fmt: skip
 
 
 def decoder_tokenizer(special_tokens: list[str]):
@@ -127,7 +156,7 @@ def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config
     torch.manual_seed(seed)
     transformers.AutoModelForCausalLM.from_config(made).eval().save_pretrained(folder)
     tokenizer = getattr(transformers, tokenizer_class)(
-        tokenizer_object=decoder_tokenizer(_SPECIALS[model_type]), **specials
+        tokenizer_object=decoder_tokenizer(_SPECIALS.get(model_type, ["<|endoftext|>"])), **specials
     )
     tokenizer.save_pretrained(folder)
     return folder

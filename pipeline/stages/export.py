@@ -36,7 +36,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 
 OPSET = 17
-VERSION = 8
+VERSION = 9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,11 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
             last = (full_mask.sum(1, keepdims=True) - 1) if right else position_ids(full_mask)[:, -1:]
             feeds["position_ids"] = position_ids(full_mask) if new_ids.shape[1] > 1 else last
         outs = session.run(None, feeds)
-        return outs[0][:, -1], dict(zip(past_names, outs[1:], strict=True))
+        # Each row's own last real position: a right-padded row's is not the last column.
+        past_length = full_mask.shape[1] - new_ids.shape[1]
+        last = np.maximum(full_mask.sum(1) - 1 - past_length, 0) if right else np.full(len(new_ids), -1)
+        logits = outs[0][np.arange(len(new_ids)), np.minimum(last, outs[0].shape[1] - 1)]
+        return logits, dict(zip(past_names, outs[1:], strict=True))
 
     def torch_logits(full_ids, full_mask):
         kwargs = {"input_ids": torch.from_numpy(full_ids), "attention_mask": torch.from_numpy(full_mask)}
@@ -160,19 +164,22 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
 def _fused_attention(graph, model, arch: Architecture, max_length: int) -> dict:
     """Rewrite the graph's attention into GroupQueryAttention where the architecture allows; what was done, or
     why not. `cache` tells the runtime whether present may share past's buffer ("shared") or grows ("concat")."""
-    from pipeline.attention import gqa_from_decomposed, rotary_cache
+    from pipeline.attention import body, gqa_from_decomposed, rotary_cache
 
     problem = arch.why_not_fused(model)
     if problem is None:
         config = model.config
-        rotary = rotary_cache(model, max_length) if arch.attention != "gpt2" else None
-        heads = config.num_attention_heads
+        layers, heads = config.num_hidden_layers, config.num_attention_heads
+        options = [arch.layer_attention_options(config, layer) for layer in range(layers)]
+        has_rotary = hasattr(body(model), "rotary_emb")
+        names = {o.get("rotary", "rotary_emb") for o in options} - {None} if has_rotary else set()
+        rotary = {name: rotary_cache(model, max_length, name) for name in sorted(names)}
         try:
             counts = gqa_from_decomposed(
-                graph, arch.attention, config.num_hidden_layers, heads,
-                getattr(config, "num_key_value_heads", heads), rotary,
-            )  # fmt: skip
-            return {**counts, "cache": "shared"}
+                graph, arch.attention, layers, heads, getattr(config, "num_key_value_heads", heads), rotary, options
+            )
+            attributes = [{k: v for k, v in o.items() if k != "rotary"} for o in options]
+            return {**counts, "cache": "shared", "attributes": attributes}
         except LookupError as err:
             problem = f"the export's attention is not laid out as expected: no {err}"
     return {"op": None, "why": problem, "nodes": len(graph.graph.node), "cache": "concat"}

