@@ -19,8 +19,9 @@ from pipeline.cache import leases
 from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_calibration, check_held_out, read_texts
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
+from pipeline.recipes import checked_target
 from pipeline.stages import checkpoint, engine, export, fp16, optimize, publish, quantize, search, tune, validate
-from pipeline.targets import TARGETS_DIR, load_target
+from pipeline.targets import TARGETS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
@@ -97,7 +98,7 @@ def build(
     given, is called with each StageRecord as it finishes. `until` names a stage after which to stop, publishing
     nothing: a fleet runs the host-independent stages ("optimize" and before) anywhere, caching them for the rest.
     """
-    spec = load_target(target, Path(targets_dir))
+    spec = checked_target(target, targets_dir)
     if spec.engine == "tensorrt" and spec.device != "gpu":
         raise TargetError(f'target {spec.name}: engine tensorrt needs device = "gpu"')
     if not spec.supported:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pipeline.architectures import architecture_of
 from pipeline.manifest import Manifest
+from pipeline.recipes import checked_target
 from pipeline.stages import checkpoint
-from pipeline.targets import load_target
 
 
 def _attention_plan(arch, folder: str) -> str:
@@ -40,7 +40,7 @@ def check(model: str | Path, target: str = "native") -> dict:
     """
     from pipeline.runtime.host import cpu_flags
 
-    spec = load_target(target)
+    spec = checked_target(target)
     manifest = Manifest(
         model_name="check", source=str(model), cache_dir="", artifacts_dir="", validation_path="", calibration_path=""
     )

@@ -33,7 +33,7 @@ def _scores(metrics: dict) -> str:
 @click.option("--verbose", "-v", is_flag=True, help="print each search candidate's and fallback step's figures")
 def main(quiet: bool, verbose: bool) -> None:
     """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
-    from pipeline.progress import configure
+    from pipeline.console import configure
 
     configure(quiet=quiet, verbose=verbose)
 
@@ -355,8 +355,8 @@ def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:  # fmt: skip
     `latest` link points to, what a running build holds, or anything through a symlink. With --verbose, also
     print what was kept and why."""
     from pipeline.build import REPO
+    from pipeline.console import note
     from pipeline.gc import collect, describe
-    from pipeline.progress import note
 
     artifacts = artifacts_dir or REPO / "artifacts"
     cache = cache_dir or REPO / ".cache" / "stages"

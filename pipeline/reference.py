@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.architectures.encoders import encoder_inputs
+from pipeline.console import progress
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
 from pipeline.metrics import split_at_middle
-from pipeline.progress import progress
 from pipeline.runtime.encoder import masked_row
 from pipeline.runtime.kv_cache import padded
 from pipeline.tasks import TASKS

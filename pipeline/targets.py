@@ -359,9 +359,6 @@ def target_from_toml(path: Path) -> Target:
                 f'{path}: {where} asks for blocks = "minimum" with bits = {table.bits}; float minimums are a 4-bit '
                 'scheme: set bits = 4, or blocks = "symmetric" or "zero_point"'
             )
-    from pipeline.recipes import check_candidates  # the recipes import these dataclasses
-
-    check_candidates(path, target.candidates)
     sized = [
         c if c.block_size else dataclasses.replace(c, block_size=target.quantize.block_size) for c in target.candidates
     ]

@@ -117,7 +117,7 @@ def generation_speed(runners: dict, prompts: list[str], batch_sizes, new_tokens:
     """TTFT (ms) and decode tokens/s of each runner at each batch size, medians over `reps` alternating rounds,
     with each runner's ratio to PyTorch where it is among them. A runner is run(batch, n) -> the perf_counter time
     at which its first new tokens were chosen; TTFT and decode rate are taken from the same run."""
-    from pipeline.progress import progress
+    from pipeline.console import progress
 
     results = {}
     for size in progress(batch_sizes, "generation speed: batch sizes"):

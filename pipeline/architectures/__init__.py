@@ -24,7 +24,7 @@ class Architecture:
 
     `ort_model_type` names ONNX Runtime's transformer optimizer for the family; None means the optimizer does not
     know it, and only the generic passes (constant folding, dead-node removal) run. `attention` names the
-    GroupQueryAttention layout of a decoder's layers (see pipeline/attention.py); None keeps the decomposed graph.
+    GroupQueryAttention layout of a decoder's layers (pipeline/passes/attention.py); None keeps the decomposed graph.
     `fusion_problem`, given the transformers model, says why this checkpoint's attention cannot be rewritten, or
     None. `attention_options`, given the config, returns extra GroupQueryAttention attributes per layer (scale,
     softcap, local_window_size). `position_offset` is the number of positions reserved before the first token

@@ -1,6 +1,6 @@
 """Decoder families: causal LMs exported with a KV cache, and how their attention becomes GroupQueryAttention.
 
-A record's `attention` names its layer layout in pipeline/attention.py; its hooks say when a checkpoint of the
+A record's `attention` names its layer layout in pipeline/passes/attention.py; its hooks say when a checkpoint of the
 family cannot be rewritten, and which GroupQueryAttention attributes a layer needs. What the op does not hold
 stays in the graph as exported: Gemma's scaled embeddings and (1 + w) norms, Granite's embedding, residual and
 logit multipliers, Gemma 2's final logit softcapping, Qwen3/Gemma 3/OLMo2's q/k norms (fed to the op after them).
@@ -15,7 +15,7 @@ keys: the test pins the behaviour of the installed one).
 from __future__ import annotations
 
 from pipeline.architectures import Architecture
-from pipeline.attention import gpt2_problem, rotary_problem
+from pipeline.passes.attention import gpt2_problem, rotary_problem
 
 
 def _window(size) -> dict:

@@ -17,9 +17,9 @@ import numpy as np
 
 from pipeline.bench import serving
 from pipeline.bench.common import bench_folder, host_line, identity, write_results
+from pipeline.console import progress
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
-from pipeline.progress import progress
 from pipeline.reference import checkpoint_from_source, encoder_runner
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session

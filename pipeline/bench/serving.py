@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.progress import progress
+from pipeline.console import progress
 from pipeline.timing import percentile
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 """Graph rewrites: each pass is a function from one ONNX graph to another plus a small report of what it did.
 Stages are cached callers of passes and never rewrite graphs themselves.
 
+    attention.py      gqa_from_decomposed: a decoder's attention into GroupQueryAttention
     lm_head.py        last_token_logits: a causal LM's head on the last position only
     fusions.py        fused_from_onnx: ONNX Runtime's transformer fusions, or the generic passes
     fp16.py           fp16_from_fp32: fp16 weights and ops, the sensitive ones kept fp32

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from pipeline.console import silenced
 from pipeline.errors import ExportError
 from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, save_graph
-from pipeline.quiet import silenced
 
 
 def op_counts(path: Path) -> dict[str, int]:

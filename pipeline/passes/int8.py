@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.console import silenced
 from pipeline.errors import QuantizationError
 from pipeline.onnx_files import graph_files, load_graph, save_graph, save_if_small
-from pipeline.quiet import silenced
 
 
 def quantizable_nodes(model, op_types) -> list:

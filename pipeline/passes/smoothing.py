@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.console import progress
 from pipeline.onnx_files import load_graph, save_graph
 from pipeline.passes.int8 import quantizable_nodes
-from pipeline.progress import progress
 
 
 def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_size: int) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@
 
 The searches look each candidate's recipe up here (`recipe_for`) and never branch on kind names; a target whose
 candidate has no recipe, or asks one for a family or precision it does not build, is refused when parsed
-(`check_candidates`).
+(`checked_target`, which the build and `pipeline check` load targets with).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ __all__ = [
     "Recipe",
     "build_candidate",
     "check_candidates",
+    "checked_target",
     "recipe_for",
     "registry",
 ]
@@ -85,3 +86,16 @@ def check_candidates(where, candidates) -> None:
                     f"{where}: candidate {candidate.name!r}: recipe {recipe.name} builds {key} "
                     f"{', '.join(allowed)}, not {value!r}; set {key} to one of those, or another engine or quantize."
                 )
+
+
+def checked_target(name_or_path: str, targets_dir=None):
+    """`load_target`, then `check_candidates`: a target whose candidates no recipe builds is refused before any
+    stage. (The check lives here, not in targets.py, which the recipes import.)"""
+    from pathlib import Path
+
+    from pipeline.targets import TARGETS_DIR, load_target
+
+    target = load_target(name_or_path, Path(targets_dir) if targets_dir else TARGETS_DIR)
+    source = Path(name_or_path) if str(name_or_path).endswith(".toml") else target.name
+    check_candidates(source, target.candidates)
+    return target

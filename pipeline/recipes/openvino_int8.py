@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from pipeline.quiet import silenced
+from pipeline.console import silenced
 from pipeline.recipes.base import Built, Job, Recipe
 from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
 

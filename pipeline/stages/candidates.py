@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
+from pipeline.console import note, progress
 from pipeline.errors import PipelineError
 from pipeline.metrics import NOT_MEASURED, closeness, failures
-from pipeline.progress import note, progress
 from pipeline.recipes import ROW_COLUMNS, recipe_for
 from pipeline.targets import Candidate
 

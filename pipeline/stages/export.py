@@ -26,11 +26,11 @@ from pipeline.architectures import Architecture, architecture_of
 from pipeline.architectures.encoders import encoder_inputs, graph_inputs
 from pipeline.cache import StageSpec, run_cached
 from pipeline.chat_template import chat_template_spec
+from pipeline.console import silenced
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.onnx_files import load_graph, save_graph
 from pipeline.passes.lm_head import last_token_logits
-from pipeline.quiet import silenced
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
@@ -164,7 +164,7 @@ def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool
 def _fused_attention(graph, model, arch: Architecture, max_length: int) -> dict:
     """Rewrite the graph's attention into GroupQueryAttention where the architecture allows; what was done, or
     why not. `cache` tells the runtime whether present may share past's buffer ("shared") or grows ("concat")."""
-    from pipeline.attention import body, gqa_from_decomposed, rotary_cache
+    from pipeline.passes.attention import body, gqa_from_decomposed, rotary_cache
 
     problem = arch.why_not_fused(model)
     if problem is None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from pipeline.cache import StageSpec, run_cached
+from pipeline.console import note, progress
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
@@ -32,7 +33,6 @@ from pipeline.passes.int8 import (
 )
 from pipeline.passes.smoothing import activation_absmax, smooth
 from pipeline.passes.weight_only import quantize_weight_only
-from pipeline.progress import note, progress
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
 from pipeline.timing import latency

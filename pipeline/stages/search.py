@@ -29,11 +29,11 @@ from pathlib import Path
 
 from pipeline.architectures import architecture_of
 from pipeline.cache import StageSpec, run_cached
+from pipeline.console import progress
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs
-from pipeline.progress import progress
 from pipeline.recipes import Job, build_candidate
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.console import progress
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
-from pipeline.progress import progress
 from pipeline.recipes import Job, recipe_for
 from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
 from pipeline.runtime.kv_cache import Decoding

@@ -6,12 +6,13 @@ import dataclasses
 
 import pytest
 
+from pipeline.build import build
 from pipeline.errors import TargetError
-from pipeline.recipes import RECIPES, ROW_COLUMNS, check_candidates, recipe_for, registry
+from pipeline.recipes import RECIPES, ROW_COLUMNS, check_candidates, checked_target, recipe_for, registry
 from pipeline.recipes.ort_fp32 import OrtFp32
 from pipeline.recipes.ort_int8 import OrtInt8
 from pipeline.stages.candidates import candidate_row
-from pipeline.targets import Candidate, available_targets, load_target, target_from_toml
+from pipeline.targets import Candidate, available_targets, load_target
 
 from ..conftest import write_target
 
@@ -97,9 +98,12 @@ def test_a_rows_block_columns_are_filled_only_by_recipes_that_have_them():
         ({"engine": "openvino", "precision": "int4"}, r"recipe openvino builds precision fp32, bf16, not 'int4'"),
     ],
 )  # fmt: skip
-def test_a_candidate_no_recipe_builds_is_refused_when_the_target_is_parsed(tmp_path, candidate, message):
+def test_a_candidate_no_recipe_builds_is_refused_before_any_stage(tmp_path, candidate, message):
     path = write_target(tmp_path, "odd", base="cpu-avx2", candidates=[{"name": "a", **candidate}])
     with pytest.raises(TargetError, match=f"odd.toml: candidate 'a': {message}"):
-        target_from_toml(path)
+        checked_target(str(path))
+    with pytest.raises(TargetError, match=f"candidate 'a': {message}"):
+        build(tmp_path / "no-model-needed", str(path), artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
     with pytest.raises(TargetError, match="^where: "):
         check_candidates("where", [Candidate("a", **candidate)])

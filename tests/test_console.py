@@ -1,12 +1,16 @@
 """Progress bars go to stderr on a terminal only, and --quiet hides them."""
 
 import fcntl
+import logging
 import os
 import pty
 import struct
 import subprocess
 import sys
 import termios
+import warnings
+
+from pipeline.console import silenced
 
 from .conftest import REPO
 
@@ -46,3 +50,18 @@ def test_progress_shows_on_a_terminal_and_not_when_piped_or_quiet(tiny_bert, tex
     assert piped.returncode == 0 and "search:" not in piped.stderr and "\r" not in piped.stderr
     quiet = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "quiet", "--quiet"))
     assert "search:" not in quiet
+
+
+def test_silenced_hides_warnings_and_info_then_restores_levels(caplog):
+    logger = logging.getLogger("some.library")
+    logger.setLevel(logging.INFO)
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO, logger="some.library"):
+        warnings.simplefilter("always")
+        with silenced("some.library"):
+            logger.warning("advice nobody asked for")
+            warnings.warn("noise", UserWarning, stacklevel=1)
+            logger.error("a real error")
+        logger.info("after")
+    assert [r.getMessage() for r in caplog.records] == ["a real error", "after"]
+    assert seen == []
+    assert logger.level == logging.INFO

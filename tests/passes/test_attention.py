@@ -8,7 +8,7 @@ import pytest
 from pipeline.manifest import Checkpoint
 from pipeline.stages.export import onnx_from_checkpoint
 
-from .tiny import make_decoder
+from ..tiny import make_decoder
 
 
 def _export(tmp_path, model_type: str, **config) -> tuple[dict, onnx.ModelProto]:
