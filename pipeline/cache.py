@@ -300,8 +300,9 @@ def _produce(entry: Path, key: str, spec: StageSpec, config: dict, produce: Call
         owner.close()
 
 
-def run_cached(cache_dir: str | Path, spec: StageSpec, config, inputs: dict[str, str],
-               produce: Callable[[Path], dict]) -> StageRecord:  # fmt: skip
+def run_cached(
+    cache_dir: str | Path, spec: StageSpec, config, inputs: dict[str, str], produce: Callable[[Path], dict]
+) -> StageRecord:
     """Reuse the stage's cached output, or call `produce(folder)` to write it and return its metrics."""
     started = time.perf_counter()
     key = spec.key(config, inputs)

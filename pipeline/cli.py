@@ -50,10 +50,11 @@ def main(quiet: bool, verbose: bool) -> None:
 )
 @click.option("--name", default=None, help="artifact name (default: the checkpoint folder's name)")
 @click.option(
-    "--task", default=None,
+    "--task",
+    default=None,
     help="feature-extraction, sequence-classification, token-classification, fill-mask, question-answering or "
     "text-generation (default: what config.json's architectures names)",
-)  # fmt: skip
+)
 @click.option("--artifacts-dir", default=None, help="where artifacts are published (default: ./artifacts)")
 @click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")
 @click.option("--validation", default=None, help="held-out text for validation (default: data/validation.txt)")
@@ -63,8 +64,9 @@ def main(quiet: bool, verbose: bool) -> None:
     "--targets", "target_list", default=None, help="a fleet: targets, comma-separated (e.g. cpu-avx2,cpu-amx)"
 )
 @click.option("--cluster", default=None, help="a Ray cluster (ray://host:10001 or host:6379) to run the fleet on")
-def build(model, target, name, task, artifacts_dir, cache_dir, validation, calibration, models_file, target_list,
-          cluster) -> None:  # fmt: skip
+def build(
+    model, target, name, task, artifacts_dir, cache_dir, validation, calibration, models_file, target_list, cluster
+) -> None:
     """Build, validate and publish MODEL for TARGET (or, with --models/--targets/--cluster, a fleet of builds)."""
     from pipeline.build import build as run_build
     from pipeline.targets import load_target
@@ -170,11 +172,21 @@ def inspect_artifact(artifact, as_json) -> None:
 @click.option("--cache-dir", default=None, help="stage cache holding the unoptimized and fp32 graphs")
 @click.option("--out", default=None, help="folder for bench.json, bench.md, bench.png (default: beside the artifact)")
 @click.option("--quick", is_flag=True, help="batch 1 and 8, sequence 16 and 128, fewer repetitions")
-@click.option("--calibration-memory", "calibration", default=None, metavar="N,N",
-              help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)")  # fmt: skip
+@click.option(
+    "--calibration-memory",
+    "calibration",
+    default=None,
+    metavar="N,N",
+    help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)",
+)
 @click.option("--method", default="entropy", show_default=True, help="calibration method for --calibration-memory")
-@click.option("--genai", "genai", multiple=True, metavar="NAME=DIR",
-              help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)")  # fmt: skip
+@click.option(
+    "--genai",
+    "genai",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)",
+)
 def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai) -> None:
     """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
     from pipeline.bench import markdown, run
@@ -190,15 +202,16 @@ def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai)
         rows = calibration_memory(artifact, cache_dir, counts, method)
         for row in rows:
             kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
-            click.echo(f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
-                       f"{row['seconds']} s")  # fmt: skip
+            click.echo(
+                f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
+                f"{row['seconds']} s"
+            )
         return
     bad = [g for g in genai if "=" not in g]
     if bad:
         raise click.BadParameter(f"{bad[0]!r} is not NAME=DIR, e.g. genai-int4=.cache/genai/smollm2-int4")
     peers = dict(g.split("=", 1) for g in genai)
-    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick,
-                  peers=peers)  # fmt: skip
+    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick, peers=peers)
     click.echo(markdown(results))
     written = "bench.json, bench.md, " + ("bench-prompt*.png" if "runs" in results else "bench.png")
     click.echo(f"wrote {results['written_to']}/{written}")
@@ -219,8 +232,13 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
     prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need)."""
     from pipeline.runtime import load
 
-    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "stop": list(stop)}  # fmt: skip
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "stop": list(stop),
+    }
     if seed is not None and seed.isascii() and seed.strip().removeprefix("-").isdigit():
         seed = int(seed)  # anything else goes to the runtime as given, which names what it takes
     model = load(artifact)
@@ -350,7 +368,7 @@ def check_model(model, target) -> None:
     help="seconds a cache entry must be old before removal (a running build may still need a newer one)",
 )
 @click.option("--dry-run", is_flag=True, help="print what would be removed and the space it would free; remove nothing")
-def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:  # fmt: skip
+def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:
     """Remove stage-cache entries no published version references, and with --keep old versions; never what a
     `latest` link points to, what a running build holds, or anything through a symlink. With --verbose, also
     print what was kept and why."""
@@ -389,7 +407,7 @@ def export_group() -> None:
     default=None,
     help="Python environment (with `pipeline` installed) for the Python-backend models (default: Triton's)",
 )
-def export_triton(artifact, out_dir, name, variants, python_env) -> None:  # fmt: skip
+def export_triton(artifact, out_dir, name, variants, python_env) -> None:
     """Write a Triton Inference Server model repository for ARTIFACT into OUT_DIR, each config.pbtxt checked
     against Triton's schema."""
     from pipeline.serving.triton import repository_from_artifact
@@ -412,6 +430,11 @@ def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts)
     from pipeline.serving.ray_serve import serve_forever
 
     serve_forever(
-        artifact, replicas=replicas, address=address, port=port, threads=threads,
-        max_body_bytes=max_body_bytes, max_texts=max_texts,
-    )  # fmt: skip
+        artifact,
+        replicas=replicas,
+        address=address,
+        port=port,
+        threads=threads,
+        max_body_bytes=max_body_bytes,
+        max_texts=max_texts,
+    )

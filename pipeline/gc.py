@@ -233,8 +233,9 @@ def gc_lock(cache_dir: Path):
         yield
 
 
-def collect(artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S,
-            dry_run: bool = False) -> Collection:  # fmt: skip
+def collect(
+    artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S, dry_run: bool = False
+) -> Collection:
     """Remove (or, with `dry_run`, list) old versions beyond `keep` and the stage-cache entries no remaining
     version references; returns what was removed (with sizes), skipped and kept."""
     artifacts_dir, cache_dir = Path(artifacts_dir), Path(cache_dir)

@@ -173,15 +173,24 @@ def verdict(stats: dict, accuracy: Accuracy) -> list[dict]:
             continue
         relation = ">=" if higher_better else "<="
         if name in unmeasured and name not in stats:
-            rows.append({"metric": name, "value": None, "threshold": threshold, "relation": relation,
-                         "passed": False, "reason": unmeasured[name]})  # fmt: skip
+            rows.append(
+                {
+                    "metric": name,
+                    "value": None,
+                    "threshold": threshold,
+                    "relation": relation,
+                    "passed": False,
+                    "reason": unmeasured[name],
+                }
+            )
             continue
         if name not in stats:
             continue
         value = stats[name]
         passed = value >= threshold if higher_better else value <= threshold
-        rows.append({"metric": name, "value": value, "threshold": threshold, "relation": relation,
-                     "passed": bool(passed)})  # fmt: skip
+        rows.append(
+            {"metric": name, "value": value, "threshold": threshold, "relation": relation, "passed": bool(passed)}
+        )
     return rows
 
 

@@ -88,9 +88,14 @@ def save_graph(model, path: Path) -> list[Path]:
         onnx.save_model(model, str(path))
         return [path]
     onnx.save_model(
-        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
-        size_threshold=INLINE_BELOW, convert_attribute=False,
-    )  # fmt: skip
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=INLINE_BELOW,
+        convert_attribute=False,
+    )
     return [path, data]
 
 

@@ -267,8 +267,15 @@ def generate_runner(model, tokenizer):
         enc = tokenizer(batch, return_tensors="pt", padding=True)
         streamer = _FirstToken()
         with torch.inference_mode():
-            model.generate(**enc, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad,
-                           use_cache=True, streamer=streamer)  # fmt: skip
+            model.generate(
+                **enc,
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=pad,
+                use_cache=True,
+                streamer=streamer,
+            )
         return streamer.first
 
     return run

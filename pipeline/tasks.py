@@ -26,17 +26,30 @@ TASKS = {
     t.name: t
     for t in (
         Task("feature-extraction", "AutoModel", "sentence_embedding", "embedding", "encoder"),
-        Task("sequence-classification", "AutoModelForSequenceClassification", "logits", "classification", "encoder",
-             labelled=True),
-        Task("token-classification", "AutoModelForTokenClassification", "logits", "token-classification", "encoder",
-             per_token=True, labelled=True),
+        Task(
+            "sequence-classification",
+            "AutoModelForSequenceClassification",
+            "logits",
+            "classification",
+            "encoder",
+            labelled=True,
+        ),
+        Task(
+            "token-classification",
+            "AutoModelForTokenClassification",
+            "logits",
+            "token-classification",
+            "encoder",
+            per_token=True,
+            labelled=True,
+        ),
         # Vocabulary logits at every position: fill-mask reads the masked ones, sparse retrievers (SPLADE) pool all.
         Task("fill-mask", "AutoModelForMaskedLM", "logits", "fill-mask", "encoder", per_token=True),
         # Extractive QA: start and end logits stacked as [batch, sequence, 2].
         Task("question-answering", "AutoModelForQuestionAnswering", "span_logits", "span", "encoder", per_token=True),
         Task("text-generation", "AutoModelForCausalLM", "logits", "generation", "decoder"),
     )
-}  # fmt: skip
+}
 
 # config.json `architectures` suffixes that imply a task when the user names none. A masked-LM head is an
 # embedding model where a sentence-transformers modules.json says so (all-mpnet-base-v2 names MPNetForMaskedLM).

@@ -61,8 +61,9 @@ def time_alternating(runners: dict, feeds, budget_s: float, min_reps: int, max_r
     return alternate(runners, feeds, max_reps, warmups=2, stop=spent)
 
 
-def time_until_stable(runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10,
-                      budget_s: float = 60.0) -> dict:  # fmt: skip
+def time_until_stable(
+    runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10, budget_s: float = 60.0
+) -> dict:
     """Rounds (after two warm-ups each) until every variant's p10-p90 spread is within `spread` of its median, or
     `max_rounds`, or (past `min_rounds`) `budget_s` seconds; returns {variant: {"ms": [...], "noisy": bool}}."""
     started = time.perf_counter()

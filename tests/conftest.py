@@ -42,9 +42,13 @@ def _publish(
     from pipeline.build import build
 
     manifest = build(
-        checkpoint, target, artifacts_dir=root / "artifacts", cache_dir=root / "cache",
-        validation=texts_file, calibration=calibration,
-    )  # fmt: skip
+        checkpoint,
+        target,
+        artifacts_dir=root / "artifacts",
+        cache_dir=root / "cache",
+        validation=texts_file,
+        calibration=calibration,
+    )
     return Path(manifest.published["path"])
 
 

@@ -24,8 +24,11 @@ def test_chat_template_spec_carries_the_template_and_special_token_strings(token
     tokenizer.chat_template = GEMMA
     spec = chat_template_spec(tokenizer)
     assert spec["template"] == GEMMA
-    assert spec["special_tokens"] == {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-                                      "unk_token": "<|endoftext|>"}  # fmt: skip
+    assert spec["special_tokens"] == {
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+    }
 
 
 def test_chat_template_spec_takes_the_default_of_named_templates_or_none_without_one(tokenizer):

@@ -36,8 +36,10 @@ def test_check_refuses_remote_code_before_anything_else(tiny_bert, tmp_path):
 def test_cli_check_prints_the_plan_in_one_call(tiny_bert):
     out = subprocess.run(
         [sys.executable, "-m", "pipeline", "check", str(tiny_bert), "--target", "cpu-fp32"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert (
         "bert (encoder, known family), task feature-extraction" in out.stdout

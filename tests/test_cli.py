@@ -62,16 +62,35 @@ def test_cli_build_bad_data_file_publishes_nothing(
     bad = tmp_path / "bad.txt"
     bad.write_bytes(content)
     data = {"--validation": str(texts_file), "--calibration": str(calibration_file), option: str(bad)}
-    out = _cli("build", "--model", str(tiny_bert), *[x for kv in data.items() for x in kv],
-               "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"))  # fmt: skip
+    out = _cli(
+        "build",
+        "--model",
+        str(tiny_bert),
+        *[x for kv in data.items() for x in kv],
+        "--artifacts-dir",
+        str(tmp_path / "a"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    )
     assert out.returncode == 3 and message in out.stderr and str(bad) in out.stderr
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 
 def test_cli_build_then_inspect(tiny_bert, texts_file, calibration_file, tmp_path):
-    common = ["--model", str(tiny_bert), "--target", "cpu-avx2-dynamic", "--validation", str(texts_file),
-              "--calibration", str(calibration_file),
-              "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_bert),
+        "--target",
+        "cpu-avx2-dynamic",
+        "--validation",
+        str(texts_file),
+        "--calibration",
+        str(calibration_file),
+        "--artifacts-dir",
+        str(tmp_path / "a"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     first = _cli("build", *common)
     assert first.returncode == 0, first.stderr
     assert "published" in first.stdout and "v1/cpu-avx2-dynamic" in first.stdout
@@ -143,8 +162,12 @@ def test_cli_version_prints_the_package_version():
 
 
 def test_makefile_quotes_every_value_it_passes_to_the_cli():
-    out = subprocess.run(["make", "-n", "build", "MODEL=/tmp/a b/My Model", "NAME=x", "CALIBRATION=/tmp/c d.txt"],
-                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        ["make", "-n", "build", "MODEL=/tmp/a b/My Model", "NAME=x", "CALIBRATION=/tmp/c d.txt"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     line = next(row for row in out.stdout.splitlines() if "pipeline build" in row)
     assert '--model "/tmp/a b/My Model"' in line and '--calibration "/tmp/c d.txt"' in line

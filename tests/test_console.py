@@ -16,9 +16,25 @@ from .conftest import REPO
 
 
 def _build_args(tiny_bert, texts_file, calibration_file, tmp_path, *flags):
-    return [sys.executable, "-m", "pipeline", *flags, "build", "--model", str(tiny_bert), "--target", "cpu-avx2",
-            "--validation", str(texts_file), "--calibration", str(calibration_file),
-            "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        *flags,
+        "build",
+        "--model",
+        str(tiny_bert),
+        "--target",
+        "cpu-avx2",
+        "--validation",
+        str(texts_file),
+        "--calibration",
+        str(calibration_file),
+        "--artifacts-dir",
+        str(tmp_path / "a"),
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
 
 
 def _on_a_terminal(args) -> str:
@@ -45,8 +61,12 @@ def _on_a_terminal(args) -> str:
 def test_progress_shows_on_a_terminal_and_not_when_piped_or_quiet(tiny_bert, texts_file, calibration_file, tmp_path):
     shown = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "tty"))
     assert "search: building candidates" in shown
-    piped = subprocess.run(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "pipe"),
-                           capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    piped = subprocess.run(
+        _build_args(tiny_bert, texts_file, calibration_file, tmp_path / "pipe"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert piped.returncode == 0 and "search:" not in piped.stderr and "\r" not in piped.stderr
     quiet = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "quiet", "--quiet"))
     assert "search:" not in quiet

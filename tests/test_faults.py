@@ -27,9 +27,24 @@ def _calibration(texts: Path) -> Path:
 
 
 def _build_args(checkpoint, texts, artifacts, cache, target="cpu-avx2-dynamic"):
-    return [sys.executable, "-m", "pipeline", "build", "--model", str(checkpoint), "--target", str(target),
-            "--validation", str(texts), "--calibration", str(_calibration(Path(texts))),
-            "--artifacts-dir", str(artifacts), "--cache-dir", str(cache)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "--model",
+        str(checkpoint),
+        "--target",
+        str(target),
+        "--validation",
+        str(texts),
+        "--calibration",
+        str(_calibration(Path(texts))),
+        "--artifacts-dir",
+        str(artifacts),
+        "--cache-dir",
+        str(cache),
+    ]
 
 
 def _env(fault=None):

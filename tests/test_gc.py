@@ -143,8 +143,15 @@ def two_versions(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> P
 
 
 def _build(checkpoint, target, root: Path, texts_file, calibration_file, **options):
-    return build(checkpoint, str(target), artifacts_dir=root / "a", cache_dir=root / "c", validation=texts_file,
-                 calibration=calibration_file, **options)  # fmt: skip
+    return build(
+        checkpoint,
+        str(target),
+        artifacts_dir=root / "a",
+        cache_dir=root / "c",
+        validation=texts_file,
+        calibration=calibration_file,
+        **options,
+    )
 
 
 def _copy(built: Path, tmp_path: Path) -> Path:
@@ -192,8 +199,9 @@ def test_gc_during_a_build_skips_the_entries_it_holds_and_the_build_publishes(
             during.append(collect(root / "a", root / "c"))  # the default --min-age, as `pipeline gc` runs
             during.append(collect(root / "a", root / "c", min_age_s=0))  # as if the build had run for long
 
-    manifest = _build(tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file,
-                      on_stage=gc_before_publishing)  # fmt: skip
+    manifest = _build(
+        tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file, on_stage=gc_before_publishing
+    )
     cached = [r for r in manifest.stages if r.name != "checkpoint"]  # the checkpoint is read, never cached
     used = {root / "c" / r.name / r.key for r in cached}
     assert all(r.reused for r in cached) and len(during) == 2
@@ -237,8 +245,10 @@ def test_gc_refuses_a_tampered_manifest_and_removes_nothing(stages, redigest, tw
             manifest["manifest_sha256"] = manifest_digest(manifest)
         path.write_text(json.dumps(manifest))
     before = _state(root)
-    result = CliRunner().invoke(main, ["gc", "--artifacts-dir", str(root / "a"), "--cache-dir", str(root / "c"),
-                                       "--min-age", "0", "--keep", "1"])  # fmt: skip
+    result = CliRunner().invoke(
+        main,
+        ["gc", "--artifacts-dir", str(root / "a"), "--cache-dir", str(root / "c"), "--min-age", "0", "--keep", "1"],
+    )
     assert result.exit_code == ArtifactError.exit_code, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "nothing was removed" in lines[0] and "manifest.json" in lines[0]

@@ -35,9 +35,13 @@ def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
     from sentence_transformers import SentenceTransformer
 
     manifest = build(
-        mpnet_checkpoint, "cpu-fp32", validation=texts_file, calibration=calibration_file,
-        artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+        mpnet_checkpoint,
+        "cpu-fp32",
+        validation=texts_file,
+        calibration=calibration_file,
+        artifacts_dir=tmp_path / "artifacts",
+        cache_dir=tmp_path / "cache",
+    )
     assert manifest.checkpoint.task == "feature-extraction"
     assert manifest.checkpoint.pooling == {"mode": "mean", "normalize": True}
     got = load(manifest.published["path"]).run(SENTENCES)
@@ -48,5 +52,7 @@ def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
     report = json.loads((Path(manifest.published["path"]) / "report.json").read_text())
     optimize = report["stages"]["optimize"]["metrics"]
     assert optimize["passes"] == "generic" and optimize["nodes_after"] < optimize["nodes_before"]
-    print(f"\nall-mpnet-base-v2: cosine min {cosine.min():.7f}, max abs {np.abs(got - expected).max():.2e}, "
-          f"nodes {optimize['nodes_before']} -> {optimize['nodes_after']}")  # fmt: skip
+    print(
+        f"\nall-mpnet-base-v2: cosine min {cosine.min():.7f}, max abs {np.abs(got - expected).max():.2e}, "
+        f"nodes {optimize['nodes_before']} -> {optimize['nodes_after']}"
+    )

@@ -18,10 +18,12 @@ def _graph():
     weight = np.linspace(-1, 1, 8 * 64, dtype=np.float32).reshape(8, 64)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
         [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.ones(1, np.float32), "b")],
-    )  # fmt: skip
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -45,8 +45,10 @@ def test_smollm2_int8_weight_only_passes_the_behavioural_gate_at_half_the_size(s
     folder = _folder(smollm2_builds["cpu-int8-weights"])
     stats = _validation(smollm2_builds["cpu-int8-weights"])
     assert [r["metric"] for r in stats["verdict"] if r["passed"]] == [
-        "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
-    ]  # fmt: skip
+        "greedy_prefix_agreement",
+        "teacher_top1_agreement",
+        "perplexity_ratio",
+    ]
     fp32_bytes = (_folder(smollm2_builds["cpu-fp32"]) / "model.onnx").stat().st_size
     assert (folder / "model.onnx").stat().st_size < 0.6 * fp32_bytes
     ops = [n.op_type for n in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]

@@ -32,9 +32,20 @@ ENCODER_FUSIONS = {
 }
 TESTED_ENCODERS = tuple(ENCODER_FUSIONS)
 TESTED_DECODERS = (
-    "gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "granite", "olmo2",
-    "smollm3", "gpt_neox",
-)  # fmt: skip
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "granite",
+    "olmo2",
+    "smollm3",
+    "gpt_neox",
+)
 # What ORT's optimizer fuses in each 2-layer decoder: the residual Add with the next norm (GPT-NeoX's parallel
 # residual leaves one per layer), RMSNorm as SimplifiedLayerNormalization, and the MLP's Gelu.
 DECODER_FUSIONS = {
@@ -55,9 +66,13 @@ DECODER_ATTENTION = {
     "granite": [{"scale": 0.3}] * 2,
 }
 TESTED_TASKS = (
-    "feature-extraction", "sequence-classification", "token-classification", "fill-mask", "question-answering",
+    "feature-extraction",
+    "sequence-classification",
+    "token-classification",
+    "fill-mask",
+    "question-answering",
     "text-generation",
-)  # fmt: skip
+)
 
 
 def test_every_table_row_has_a_test():
@@ -68,9 +83,14 @@ def test_every_table_row_has_a_test():
 
 def _build_fp32(folder: Path, data: tuple[Path, Path], tmp_path: Path, task: str | None = None):
     return build(
-        folder, "cpu-fp32", task=task, validation=data[0], calibration=data[1],
-        artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+        folder,
+        "cpu-fp32",
+        task=task,
+        validation=data[0],
+        calibration=data[1],
+        artifacts_dir=tmp_path / "artifacts",
+        cache_dir=tmp_path / "cache",
+    )
 
 
 def _torch(folder: Path, head: str = "AutoModel"):
@@ -179,9 +199,13 @@ def test_build_each_decoder_generates_what_transformers_generates(model_type, te
 
     folder = make_decoder(tmp_path / f"tiny-{model_type}", model_type)
     manifest = build(
-        folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
-        artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache",
-    )  # fmt: skip
+        folder,
+        "cpu-fp32",
+        validation=texts_file,
+        calibration=texts_file,
+        artifacts_dir=tmp_path / "artifacts",
+        cache_dir=tmp_path / "cache",
+    )
     validation = manifest.stage("validate").metrics
     assert validation["greedy_match"] == 1.0 and validation["new_tokens"] == 32 and validation["top1_agreement"] == 1
     assert manifest.stage("export").metrics["last_token_logits"]

@@ -40,14 +40,25 @@ ENCODERS = {
     "albert": {**_LAYERS, "embedding_size": 16, "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102},
     "mpnet": {**_LAYERS, "pad_token_id": 0, "max_position_embeddings": 130},
     "deberta-v2": {
-        **_LAYERS, "pad_token_id": 0, "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
-        "position_buckets": 16, "max_relative_positions": 64,
+        **_LAYERS,
+        "pad_token_id": 0,
+        "relative_attention": True,
+        "pos_att_type": ["p2c", "c2p"],
+        "position_buckets": 16,
+        "max_relative_positions": 64,
     },
     "modernbert": {
-        **_LAYERS, "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101,
-        "sep_token_id": 102, "global_attn_every_n_layers": 2, "local_attention": 16, "reference_compile": False,
+        **_LAYERS,
+        "pad_token_id": 0,
+        "bos_token_id": 101,
+        "eos_token_id": 102,
+        "cls_token_id": 101,
+        "sep_token_id": 102,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 16,
+        "reference_compile": False,
     },
-}  # fmt: skip
+}
 
 
 def tiny_config(model_type: str, task: str):
@@ -86,45 +97,130 @@ _QWEN = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token"
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 # Sliding windows of 8 tokens, shorter than the tests' prompts plus generation, so that the window changes the output.
 DECODERS = {
-    "gpt2": ("GPT2Config", "GPT2TokenizerFast", _ENDOFTEXT,
-             {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 128, "n_positions": 256, "bos_token_id": 0,
-              "eos_token_id": 0}),
-    "llama": ("LlamaConfig", "LlamaTokenizerFast", _LLAMA,
-              {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}),
-    "mistral": ("MistralConfig", "LlamaTokenizerFast", _LLAMA,
-                {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 8}),
-    "qwen2": ("Qwen2Config", "Qwen2TokenizerFast", _QWEN,
-              {"num_key_value_heads": 2, "eos_token_id": 0, "tie_word_embeddings": True}),
-    "qwen3": ("Qwen3Config", "Qwen2TokenizerFast", _QWEN,  # per-head RMSNorm of queries and keys
-              {"num_key_value_heads": 2, "head_dim": 16, "eos_token_id": 0, "tie_word_embeddings": True}),
-    "phi3": ("Phi3Config", "LlamaTokenizerFast", _LLAMA,  # q, k and v in one qkv_proj
-             {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}),
-    "gemma": ("GemmaConfig", "GemmaTokenizerFast", _GEMMA,  # embeddings scaled by sqrt(hidden), RMSNorm (1 + w)
-              {"num_key_value_heads": 1, "head_dim": 16, **_IDS}),
-    "gemma2": ("Gemma2Config", "GemmaTokenizerFast", _GEMMA,
-               {"num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8,
-                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
-                "layer_types": ["sliding_attention", "full_attention"], **_IDS}),
-    "gemma3_text": ("Gemma3TextConfig", "GemmaTokenizerFast", _GEMMA,
-                    {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 16, "query_pre_attn_scalar": 24,
-                     "sliding_window": 8, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], **_IDS}),
-    "granite": ("GraniteConfig", "GPT2TokenizerFast", _ENDOFTEXT,
-                {"num_key_value_heads": 2, "attention_multiplier": 0.3, "embedding_multiplier": 2.0,
-                 "residual_multiplier": 0.5, "logits_scaling": 4.0, "bos_token_id": 0, "eos_token_id": 0,
-                 "pad_token_id": 0}),
-    "olmo2": ("Olmo2Config", "GPT2TokenizerFast", _ENDOFTEXT,  # RMSNorm over all heads' queries and keys
-              {"num_key_value_heads": 2, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}),
-    "smollm3": ("SmolLM3Config", "GPT2TokenizerFast", _ENDOFTEXT,  # the second layer without rotary
-                {"num_key_value_heads": 2, "no_rope_layers": [1, 0], "bos_token_id": 0, "eos_token_id": 0,
-                 "pad_token_id": 0}),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXTokenizerFast", _ENDOFTEXT,
-                 {"rotary_pct": 0.5, "bos_token_id": 0, "eos_token_id": 0}),
-}  # fmt: skip
+    "gpt2": (
+        "GPT2Config",
+        "GPT2TokenizerFast",
+        _ENDOFTEXT,
+        {
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_inner": 128,
+            "n_positions": 256,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaTokenizerFast",
+        _LLAMA,
+        {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False},
+    ),
+    "mistral": (
+        "MistralConfig",
+        "LlamaTokenizerFast",
+        _LLAMA,
+        {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 8},
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2TokenizerFast",
+        _QWEN,
+        {"num_key_value_heads": 2, "eos_token_id": 0, "tie_word_embeddings": True},
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen2TokenizerFast",
+        _QWEN,  # per-head RMSNorm of queries and keys
+        {"num_key_value_heads": 2, "head_dim": 16, "eos_token_id": 0, "tie_word_embeddings": True},
+    ),
+    "phi3": (
+        "Phi3Config",
+        "LlamaTokenizerFast",
+        _LLAMA,  # q, k and v in one qkv_proj
+        {"num_key_value_heads": 2, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+    ),
+    "gemma": (
+        "GemmaConfig",
+        "GemmaTokenizerFast",
+        _GEMMA,  # embeddings scaled by sqrt(hidden), RMSNorm (1 + w)
+        {"num_key_value_heads": 1, "head_dim": 16, **_IDS},
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "GemmaTokenizerFast",
+        _GEMMA,
+        {
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 8,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+            "layer_types": ["sliding_attention", "full_attention"],
+            **_IDS,
+        },
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "GemmaTokenizerFast",
+        _GEMMA,
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 8,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+            **_IDS,
+        },
+    ),
+    "granite": (
+        "GraniteConfig",
+        "GPT2TokenizerFast",
+        _ENDOFTEXT,
+        {
+            "num_key_value_heads": 2,
+            "attention_multiplier": 0.3,
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 4.0,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "pad_token_id": 0,
+        },
+    ),
+    "olmo2": (
+        "Olmo2Config",
+        "GPT2TokenizerFast",
+        _ENDOFTEXT,  # RMSNorm over all heads' queries and keys
+        {"num_key_value_heads": 2, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0},
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        "GPT2TokenizerFast",
+        _ENDOFTEXT,  # the second layer without rotary
+        {"num_key_value_heads": 2, "no_rope_layers": [1, 0], "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0},
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXTokenizerFast",
+        _ENDOFTEXT,
+        {"rotary_pct": 0.5, "bos_token_id": 0, "eos_token_id": 0},
+    ),
+}
 _SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "qwen2": ["<|endoftext|>"]}
 _SPECIALS |= {"gemma": ["<pad>", "<bos>", "<eos>", "<unk>"]}
-_SPECIALS |= {"mistral": _SPECIALS["llama"], "phi3": _SPECIALS["llama"], "qwen3": _SPECIALS["qwen2"],
-              "gemma2": _SPECIALS["gemma"], "gemma3_text": _SPECIALS["gemma"]}  # fmt: skip
+_SPECIALS |= {
+    "mistral": _SPECIALS["llama"],
+    "phi3": _SPECIALS["llama"],
+    "qwen3": _SPECIALS["qwen2"],
+    "gemma2": _SPECIALS["gemma"],
+    "gemma3_text": _SPECIALS["gemma"],
+}
 
 
 def decoder_tokenizer(special_tokens: list[str]):
@@ -135,9 +231,11 @@ def decoder_tokenizer(special_tokens: list[str]):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=DECODER_VOCAB, special_tokens=special_tokens, show_progress=False,
+        vocab_size=DECODER_VOCAB,
+        special_tokens=special_tokens,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator((REPO / "data" / "calibration.txt").read_text().splitlines(), trainer)
     return tokenizer
 
@@ -149,8 +247,13 @@ def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config
     import transformers
 
     config_class, tokenizer_class, specials, settings = DECODERS[model_type]
-    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-             "max_position_embeddings": 256}  # fmt: skip
+    small = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+    }
     made = getattr(transformers, config_class)(**({} if model_type == "gpt2" else small) | settings | config)
     made.vocab_size = DECODER_VOCAB
     torch.manual_seed(seed)
@@ -165,8 +268,10 @@ def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config
 def main(argv: list[str]) -> None:
     """`python -m tests.tiny MODEL_TYPE FOLDER`: save a tiny checkpoint (a decoder family, or an encoder)."""
     if len(argv) != 2:
-        sys.exit(f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: "
-                 f"{', '.join(ENCODERS)}")  # fmt: skip
+        sys.exit(
+            f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: "
+            f"{', '.join(ENCODERS)}"
+        )
     model_type, folder = argv
     if model_type in DECODERS:
         make_decoder(Path(folder), model_type)

@@ -65,9 +65,13 @@ def smollm3_options(config, layer: int) -> dict:
 
 def _llama_like(model_type: str, options=None) -> Architecture:
     return Architecture(
-        model_type, "decoder", ort_model_type="gpt2", attention="llama", fusion_problem=rotary_problem,
+        model_type,
+        "decoder",
+        ort_model_type="gpt2",
+        attention="llama",
+        fusion_problem=rotary_problem,
         attention_options=options,
-    )  # fmt: skip
+    )
 
 
 # ORT's GPT-2 optimizer fuses their norms (LayerNorm, RMSNorm as SimplifiedLayerNormalization, with the residual

@@ -12,8 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run(artifact: str | Path, cache_dir=None, out_dir=None, baseline: str | None = "pytorch", quick: bool = False,
-        peers: dict | None = None):  # fmt: skip
+def run(
+    artifact: str | Path,
+    cache_dir=None,
+    out_dir=None,
+    baseline: str | None = "pytorch",
+    quick: bool = False,
+    peers: dict | None = None,
+):
     """Benchmark an artifact: the decoder benchmark for text generation (with onnxruntime-genai `peers`, {name:
     model folder}), else the encoder one."""
     from pipeline.runtime.artifact import verify_artifact

@@ -76,8 +76,12 @@ def calibration_memory(
             "import json, sys; from pipeline.bench.calibration import _calibrate_in_child as f; "
             "f(*json.loads(sys.argv[1]))"
         )
-        child = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                               cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+        child = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         result = json.loads(out.read_text()) if child.returncode == 0 else {"peak_rss_mb": None, "seconds": None}
         rows.append(
             {"examples": count, "method": method, "streamed": streamed, "exit_code": child.returncode, **result}

@@ -20,8 +20,13 @@ def host_summary(threads: int) -> dict:
         except metadata.PackageNotFoundError:
             continue
     kernel_flags = [f for f in ("avx2", "fma", "avx512f", *INT8_KERNEL_FLAGS, "avx512_bf16", "amx_bf16") if f in flags]
-    return {"cpu": cpu_model(), "kernel_class": kernel_class(flags), "flags": kernel_flags, "threads": threads,
-            "versions": versions}  # fmt: skip
+    return {
+        "cpu": cpu_model(),
+        "kernel_class": kernel_class(flags),
+        "flags": kernel_flags,
+        "threads": threads,
+        "versions": versions,
+    }
 
 
 def identity(manifest: dict, real: Path, threads: int) -> dict:

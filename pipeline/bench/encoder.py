@@ -116,8 +116,14 @@ def _variants(manifest: dict, real: Path, cache_dir: Path, threads: int, baselin
         loads[name] = {"load_s": time.perf_counter() - t0, "rss_mb": (process.memory_info().rss - rss) / 2**20}
     for name, path in {**graphs, ARTIFACT: real / manifest["graph"]}.items():
         if name in loads:
-            loads[name]["size_mb"] = sum(p.stat().st_size for p in path.parent.glob(path.stem + ".*")
-                                         if p.suffix in (".onnx", ".xml", ".bin")) / 2**20  # fmt: skip
+            loads[name]["size_mb"] = (
+                sum(
+                    p.stat().st_size
+                    for p in path.parent.glob(path.stem + ".*")
+                    if p.suffix in (".onnx", ".xml", ".bin")
+                )
+                / 2**20
+            )
     return runners, loads, missing
 
 
@@ -173,17 +179,27 @@ def _grid_rows(times: dict, batch: int, length: int, accurate: set) -> list[dict
     rows = []
     for name, t in times.items():
         row = {
-            "variant": name, "batch": batch, "seq": length, "reps": len(t["ms"]), "noisy": t["noisy"],
-            "p50_ms": p50[name], "p10_ms": percentile(t["ms"], 10), "p90_ms": percentile(t["ms"], 90),
-            "p99_ms": percentile(t["ms"], 99), "sequences_per_s": batch / p50[name] * 1000,
+            "variant": name,
+            "batch": batch,
+            "seq": length,
+            "reps": len(t["ms"]),
+            "noisy": t["noisy"],
+            "p50_ms": p50[name],
+            "p10_ms": percentile(t["ms"], 10),
+            "p90_ms": percentile(t["ms"], 90),
+            "p99_ms": percentile(t["ms"], 99),
+            "sequences_per_s": batch / p50[name] * 1000,
             "tokens_per_s": batch * length / p50[name] * 1000,
             "speedup_vs_pytorch": p50[PYTORCH] / p50[name] if PYTORCH in p50 else None,
-        }  # fmt: skip
+        }
         if name == ARTIFACT and best_peer:
             peer = times[best_peer]["ms"]
-            row.update(best_peer=best_peer, speedup_vs_best_peer=p50[best_peer] / p50[name],
-                       speedup_low=percentile(peer, 10) / percentile(t["ms"], 90),
-                       speedup_high=percentile(peer, 90) / percentile(t["ms"], 10))  # fmt: skip
+            row.update(
+                best_peer=best_peer,
+                speedup_vs_best_peer=p50[best_peer] / p50[name],
+                speedup_low=percentile(peer, 10) / percentile(t["ms"], 90),
+                speedup_high=percentile(peer, 90) / percentile(t["ms"], 10),
+            )
         rows.append(row)
     return rows
 
@@ -224,13 +240,17 @@ def bench(
     mixed = _mixed_batch(runners, shipped, texts, accurate, max(batch_sizes), (min_rounds, max_rounds))
     results = {
         **identity(manifest, real, threads),
-        "variants": loads, "missing_variants": missing, "accuracy_cosine_min": accuracy, "accuracy_gate": gate,
-        "grid": grid, "mixed": mixed,
+        "variants": loads,
+        "missing_variants": missing,
+        "accuracy_cosine_min": accuracy,
+        "accuracy_gate": gate,
+        "grid": grid,
+        "mixed": mixed,
         "bucketing": _bucketing(shipped, texts, min_rounds),
         "concurrency": serving.concurrency(shipped, real, texts, seconds=serving_seconds, servers=servers),
         "tokenization": _tokenization_share(shipped, texts, min_rounds),
         "process_peak_rss_mb": psutil.Process().memory_info().rss / 2**20,
-    }  # fmt: skip
+    }
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
     from pipeline.bench.plot import plot
 
@@ -275,8 +295,10 @@ def markdown(results: dict) -> str:
         if "best_peer" in row:
             low, high = row["speedup_low"], row["speedup_high"]
             peer = f"x{row['speedup_vs_best_peer']:.2f} [{low:.2f}, {high:.2f}] over {row['best_peer']}"
-        lines.append(f"| {row['variant']} | {row['batch']} | {row['seq']} | {_spread(row)} | "
-                     f"{row['sequences_per_s']:.1f} | {ratio} | {peer} |")  # fmt: skip
+        lines.append(
+            f"| {row['variant']} | {row['batch']} | {row['seq']} | {_spread(row)} | "
+            f"{row['sequences_per_s']:.1f} | {ratio} | {peer} |"
+        )
     b, c, t = results["bucketing"], results["concurrency"], results["tokenization"]
     lines += [
         "",

@@ -203,8 +203,13 @@ def bench_generation(
         prompts = exact_prompts(model.tokenizer, texts, length, max(batch_sizes))
         runs[str(length)] = generation_speed(runners, prompts, batch_sizes, n, reps)
         runs[str(length)]["loop"] = loop_overhead(model, prompts[0], n)
-    results = {**identity(manifest, real, threads), "reps": reps, "prompt_tokens": list(prompt_tokens),
-               "accuracy": accuracy, "runs": runs}  # fmt: skip
+    results = {
+        **identity(manifest, real, threads),
+        "reps": reps,
+        "prompt_tokens": list(prompt_tokens),
+        "accuracy": accuracy,
+        "runs": runs,
+    }
     out = write_results(results, markdown(results), out_dir or bench_folder(real, manifest))
     from pipeline.bench.plot import plot_generation
 
@@ -223,8 +228,13 @@ def markdown(results: dict) -> str:
         "between the variants.",
     ]
     if results.get("accuracy"):
-        lines += ["", "## Accuracy against PyTorch fp32 (teacher-forced, held-out text)", "",
-                  "| variant | top-1 agreement | perplexity ratio |", "|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "## Accuracy against PyTorch fp32 (teacher-forced, held-out text)",
+            "",
+            "| variant | top-1 agreement | perplexity ratio |",
+            "|---|---|---|",
+        ]
         for name, v in results["accuracy"].items():
             lines.append(f"| {name} | {v['teacher_top1_agreement']:.4f} | {v['perplexity_ratio']:.4f} |")
     for length, speed in results["runs"].items():

@@ -86,10 +86,12 @@ def plot_generation(results: dict, path: Path, baseline: str, artifact: str) -> 
     variants = list(next(iter(batches.values())))
     fig, (bars, decode, first) = plt.subplots(1, 3, figsize=(16, 5.5))
     if baseline in variants:
-        for i, (label, key, ranges, faster) in enumerate([
-            ("time to first token", "ttft_ms", "ttft_range_ms", "lower"),
-            ("decode tokens/s", "decode_tokens_per_s", "decode_range_tokens_per_s", "higher"),
-        ]):  # fmt: skip
+        for i, (label, key, ranges, faster) in enumerate(
+            [
+                ("time to first token", "ttft_ms", "ttft_range_ms", "lower"),
+                ("decode tokens/s", "decode_tokens_per_s", "decode_range_tokens_per_s", "higher"),
+            ]
+        ):
             mids, lows, highs = [], [], []
             for row in batches.values():
                 mine, base = row[artifact], row[baseline]
@@ -108,14 +110,21 @@ def plot_generation(results: dict, path: Path, baseline: str, artifact: str) -> 
     for ax, key, ranges, label in [
         (decode, "decode_tokens_per_s", "decode_range_tokens_per_s", "decode tokens/s"),
         (first, "ttft_ms", "ttft_range_ms", "time to first token, ms"),
-    ]:  # fmt: skip
+    ]:
         for variant in variants:
             values = [row[variant][key] for row in batches.values()]
             low = [v - row[variant][ranges][0] for v, row in zip(values, batches.values(), strict=True)]
             high = [row[variant][ranges][1] - v for v, row in zip(values, batches.values(), strict=True)]
             style = {"linewidth": 2.5, "color": "black"} if variant == artifact else {}
-            ax.errorbar(sizes, values, yerr=[np.maximum(low, 0), np.maximum(high, 0)], marker="o", capsize=3,
-                        label=variant, **style)  # fmt: skip
+            ax.errorbar(
+                sizes,
+                values,
+                yerr=[np.maximum(low, 0), np.maximum(high, 0)],
+                marker="o",
+                capsize=3,
+                label=variant,
+                **style,
+            )
         ax.set_xticks(sizes)
         ax.set(title=label, xlabel="batch size", ylabel=label)
         ax.grid(True, alpha=0.3)

@@ -126,8 +126,9 @@ def _servers(artifact: Path, scratch: Path) -> dict:
     return servers
 
 
-def concurrency(model, artifact: Path, texts: list[str], callers=(1, 8, 32), seconds: float = 4.0,
-                servers: bool = True) -> dict:  # fmt: skip
+def concurrency(
+    model, artifact: Path, texts: list[str], callers=(1, 8, 32), seconds: float = 4.0, servers: bool = True
+) -> dict:
     """Requests/s and p50/p99 latency of each way to serve `model` at each number of concurrent callers."""
     from pipeline.runtime.batcher import Batcher
 

@@ -70,8 +70,10 @@ def rotary_problem(model) -> str | None:
     for name, rotary in modules.items():
         kind = getattr(rotary, "rope_type", "default")
         if kind in LENGTH_DEPENDENT_ROTARY:
-            return f"its {name} ({kind!r} rope scaling) changes frequencies with the sequence length, which one " \
-                "cos/sin cache inside the op cannot follow"  # fmt: skip
+            return (
+                f"its {name} ({kind!r} rope scaling) changes frequencies with the sequence length, which one "
+                "cos/sin cache inside the op cannot follow"
+            )
         dims = 2 * len(rotary.inv_freq)
         if dims % ROTARY_MULTIPLE:
             return f"{dims} rotary dimensions a head is not a multiple of {ROTARY_MULTIPLE}, which the CPU kernel needs"
@@ -131,9 +133,14 @@ def _last_real_position(g, helper, tensor) -> None:
     sliced = next((n for n in g.node if n.name == "last_token_slice"), None)
     if sliced is None:
         return
-    const = {"gqa/zero": np.array(0, np.int64), "gqa/axes_12": np.array([1, 2], np.int64),
-             "gqa/one_1d": np.array([1], np.int64), "gqa/two_1d": np.array([2], np.int64),
-             "gqa/three_1d": np.array([3], np.int64), "gqa/zero_1d": np.array([0], np.int64)}  # fmt: skip
+    const = {
+        "gqa/zero": np.array(0, np.int64),
+        "gqa/axes_12": np.array([1, 2], np.int64),
+        "gqa/one_1d": np.array([1], np.int64),
+        "gqa/two_1d": np.array([2], np.int64),
+        "gqa/three_1d": np.array([3], np.int64),
+        "gqa/zero_1d": np.array([0], np.int64),
+    }
     make = helper.make_node
     hidden = sliced.input[0]
     nodes = [make("Constant", [], [k], value=tensor.from_array(v, k)) for k, v in const.items()]
@@ -299,8 +306,12 @@ def _gpt2_layer(g, nodes: dict, weights: dict, layer: int, heads: int) -> dict:
     if packed is None or merged is None:
         raise LookupError(f"layer {layer}: {prefix}c_attn/Reshape_1 and {prefix}Reshape_3")
     readers = [n for n in g.node if merged.output[0] in n.input]
-    return {"prefix": prefix, "build": lambda arrays: ([], [packed.output[0], "", ""]), "readers": readers,
-            "replaces": merged.output[0]}  # fmt: skip
+    return {
+        "prefix": prefix,
+        "build": lambda arrays: ([], [packed.output[0], "", ""]),
+        "readers": readers,
+        "replaces": merged.output[0],
+    }
 
 
 LAYOUTS = {"llama": _llama_layer, "gpt2": _gpt2_layer, "neox": _neox_layer}
@@ -339,11 +350,17 @@ def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: i
         out = f"{plan['prefix']}gqa/out"
         made.append(
             helper.make_node(
-                "GroupQueryAttention", [*qkv, *past, "gqa/seqlens_k", "gqa/total", *caches],
-                [out, *present], name=f"{plan['prefix']}GroupQueryAttention", domain="com.microsoft",
-                num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(cache is not None), **attributes,
+                "GroupQueryAttention",
+                [*qkv, *past, "gqa/seqlens_k", "gqa/total", *caches],
+                [out, *present],
+                name=f"{plan['prefix']}GroupQueryAttention",
+                domain="com.microsoft",
+                num_heads=heads,
+                kv_num_heads=kv_heads,
+                do_rotary=int(cache is not None),
+                **attributes,
             )
-        )  # fmt: skip
+        )
         # Contrib ops have no ONNX type inference: declare the output's type, or type-driven passes (the fp16
         # conversion of GPU targets) take them for another type than the op's inputs.
         g.value_info.append(helper.make_tensor_value_info(out, 1, None))  # present.* are typed graph outputs

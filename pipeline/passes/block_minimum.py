@@ -85,16 +85,27 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
         if (x, k) not in sums_of:
             sums_of[(x, k)] = f"{name}/block_sums"
             nodes.append(helper.make_node("MatMul", [x, ones], [sums_of[(x, k)]], name=f"{name}/BlockSums"))
-        added += [numpy_helper.from_array(packed, f"{name}/codes"), numpy_helper.from_array(scale, f"{name}/scales"),
-                  numpy_helper.from_array(offsets, f"{name}/offsets")]  # fmt: skip
+        added += [
+            numpy_helper.from_array(packed, f"{name}/codes"),
+            numpy_helper.from_array(scale, f"{name}/scales"),
+            numpy_helper.from_array(offsets, f"{name}/offsets"),
+        ]
         nodes += [
             helper.make_node(
-                "MatMulNBits", [x, f"{name}/codes", f"{name}/scales"], [f"{name}/scaled"], name=f"{name}/Q4",
-                domain="com.microsoft", K=k, N=n, bits=4, block_size=block, accuracy_level=accuracy_level,
+                "MatMulNBits",
+                [x, f"{name}/codes", f"{name}/scales"],
+                [f"{name}/scaled"],
+                name=f"{name}/Q4",
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=4,
+                block_size=block,
+                accuracy_level=accuracy_level,
             ),
             helper.make_node("MatMul", [sums_of[(x, k)], f"{name}/offsets"], [f"{name}/offset"], name=f"{name}/Min"),
             helper.make_node("Add", [f"{name}/scaled", f"{name}/offset"], [node.output[0]], name=f"{name}/Add"),
-        ]  # fmt: skip
+        ]
         replaced.add(node.input[1])
     used = {i for n in nodes for i in n.input}  # a weight another node shares (a tied embedding) stays
     kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]

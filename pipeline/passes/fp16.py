@@ -15,9 +15,18 @@ from pathlib import Path
 from pipeline.onnx_files import load_graph, save_graph
 
 KEEP_FP32 = (
-    "LayerNormalization", "Softmax", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax", "Pow", "Sqrt", "Div",
-    "Erf", "Clip",
-)  # fmt: skip
+    "LayerNormalization",
+    "Softmax",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceL2",
+    "ReduceMax",
+    "Pow",
+    "Sqrt",
+    "Div",
+    "Erf",
+    "Clip",
+)
 
 
 def fp16_from_fp32(source: Path, out: Path) -> dict:

@@ -33,14 +33,19 @@ def quantize_dynamic(source: Path, out: Path, settings, exclude=(), only=None) -
     with silenced():
         try:
             ort_quantize_dynamic(
-                str(source), str(out), per_channel=settings.per_channel, reduce_range=settings.reduce_range,
-                weight_type=weight_type, op_types_to_quantize=list(settings.op_types),
-                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []),
+                str(source),
+                str(out),
+                per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range,
+                weight_type=weight_type,
+                op_types_to_quantize=list(settings.op_types),
+                nodes_to_exclude=list(exclude),
+                nodes_to_quantize=list(only or []),
                 # Fused ops (SkipLayerNormalization...) have no ONNX shape inference; without this their
                 # outputs' type is unknown and quantization stops with "Unable to find data type".
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
                 use_external_data_format=large,
-            )  # fmt: skip
+            )
         except Exception as err:  # onnxruntime raises bare Exceptions here
             raise QuantizationError(f"dynamic quantization of {source} failed: {err}") from None
     if large:  # int8 weights are a quarter of the fp32 ones: one file again where they fit
@@ -88,18 +93,26 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as ort_quantize_static
 
-    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-              "percentile": CalibrationMethod.Percentile}[settings.calibration_method]  # fmt: skip
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[settings.calibration_method]
     with silenced():
         try:
             ort_quantize_static(
-                str(source), str(out), None if ranges_cache.exists() else reader,
+                str(source),
+                str(out),
+                None if ranges_cache.exists() else reader,
                 quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
-                op_types_to_quantize=list(settings.op_types), per_channel=settings.per_channel,
+                op_types_to_quantize=list(settings.op_types),
+                per_channel=settings.per_channel,
                 reduce_range=settings.reduce_range,
                 activation_type=QuantType.QInt8 if settings.activation_type == "int8" else QuantType.QUInt8,
                 weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
-                nodes_to_exclude=list(exclude), nodes_to_quantize=list(only or []), calibrate_method=method,
+                nodes_to_exclude=list(exclude),
+                nodes_to_quantize=list(only or []),
+                calibrate_method=method,
                 calibration_cache_path=str(ranges_cache),
                 extra_options={
                     "DefaultTensorType": onnx.TensorProto.FLOAT,
@@ -109,7 +122,7 @@ def quantize_static(source: Path, out: Path, settings, reader, ranges_cache: Pat
                     "ActivationSymmetric": settings.symmetric,
                     "WeightSymmetric": settings.symmetric or settings.weight_type == "int8",
                 },
-            )  # fmt: skip
+            )
         except Exception as err:  # onnxruntime raises bare Exceptions here
             raise QuantizationError(f"static quantization of {source} failed: {err}") from None
 

@@ -52,9 +52,11 @@ def _weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> N
     names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = list(exclude) + ([n for n in names if n not in set(only)] if only is not None else [])
     config = DefaultWeightOnlyQuantConfig(
-        block_size=settings.block_size, is_symmetric=settings.blocks == "symmetric", bits=settings.bits,
+        block_size=settings.block_size,
+        is_symmetric=settings.blocks == "symmetric",
+        bits=settings.bits,
         accuracy_level=settings.accuracy_level,
-    )  # fmt: skip
+    )
     quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
     # The quantizer logs every node at INFO, through the root logger it configures on import.
     level = logging.getLogger().level

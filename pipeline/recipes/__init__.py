@@ -79,8 +79,10 @@ def check_candidates(where, candidates) -> None:
             recipe = recipe_for(candidate)
         except TargetError as err:
             raise TargetError(f"{where}: {err}") from None
-        for key, value, allowed in (("family", candidate.family, recipe.families),
-                                    ("precision", candidate.precision, recipe.precisions)):  # fmt: skip
+        for key, value, allowed in (
+            ("family", candidate.family, recipe.families),
+            ("precision", candidate.precision, recipe.precisions),
+        ):
             if value not in allowed:
                 raise TargetError(
                     f"{where}: candidate {candidate.name!r}: recipe {recipe.name} builds {key} "

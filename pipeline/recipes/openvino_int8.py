@@ -91,9 +91,12 @@ def nncf_int8(model, calibration_feeds: list[dict], ignored: list[str] = ()):
     scope = nncf.IgnoredScope(names=list(ignored), validate=False) if ignored else None
     with silenced("nncf"), contextlib.redirect_stdout(io.StringIO()):  # its progress bars
         return nncf.quantize(
-            model.clone(), nncf.Dataset(calibration_feeds), model_type=nncf.ModelType.TRANSFORMER,
-            subset_size=len(calibration_feeds), ignored_scope=scope,
-        )  # fmt: skip
+            model.clone(),
+            nncf.Dataset(calibration_feeds),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(calibration_feeds),
+            ignored_scope=scope,
+        )
 
 
 def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes) -> tuple[object, dict]:
@@ -122,8 +125,12 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes) -> tuple[
             low, high = (low, middle) if attempt(middle) else (middle, high)
         chosen = high
     kept = ranking[:chosen]
-    record = {"kept_kinds": kept, "kept_nodes": sum(len(kinds.get(k, [])) for k in kept),
-              "matmuls": sum(map(len, kinds.values())), "tries": tries}  # fmt: skip
+    record = {
+        "kept_kinds": kept,
+        "kept_nodes": sum(len(kinds.get(k, [])) for k in kept),
+        "matmuls": sum(map(len, kinds.values())),
+        "tries": tries,
+    }
     return built[chosen], record
 
 

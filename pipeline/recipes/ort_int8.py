@@ -44,7 +44,13 @@ class OrtInt8(Recipe):
         job.work.mkdir(parents=True)
         calibration, development = job.texts["calibration"], job.texts["development"]
         metrics = int8_with_fallback(
-            job.manifest, job.target, config.settings, calibration, optimized_graph(job), job.work, development,
+            job.manifest,
+            job.target,
+            config.settings,
+            calibration,
+            optimized_graph(job),
+            job.work,
+            development,
             strict=False,
-        )  # fmt: skip
+        )
         return Built(job.work / "model.onnx", fallback={k: metrics[k] for k in FALLBACK_KEYS})

@@ -36,10 +36,13 @@ class WeightOnly(Recipe):
     def config(self, candidate, target) -> WeightOnlyConfig:
         """The candidate's block settings with the target's accuracy level and head bits."""
         return WeightOnlyConfig(
-            bits=candidate.bits, blocks=candidate.blocks, block_size=candidate.block_size or target.quantize.block_size,
-            accuracy_level=target.quantize.accuracy_level, head_bits=target.quantize.head_bits,
+            bits=candidate.bits,
+            blocks=candidate.blocks,
+            block_size=candidate.block_size or target.quantize.block_size,
+            accuracy_level=target.quantize.accuracy_level,
+            head_bits=target.quantize.head_bits,
             bisect_layers=candidate.bisect_layers,
-        )  # fmt: skip
+        )
 
     def build(self, config: WeightOnlyConfig, job: Job) -> Built:
         """The optimized graph's MatMul weights in blocks, into `job.work` (`job.wide` at head bits)."""
@@ -47,9 +50,13 @@ class WeightOnly(Recipe):
 
         job.work.mkdir(parents=True)
         settings = Quantize(
-            mode="weight_only", bits=config.bits, blocks=config.blocks, block_size=config.block_size,
-            accuracy_level=config.accuracy_level, head_bits=config.head_bits,
-        )  # fmt: skip
+            mode="weight_only",
+            bits=config.bits,
+            blocks=config.blocks,
+            block_size=config.block_size,
+            accuracy_level=config.accuracy_level,
+            head_bits=config.head_bits,
+        )
         quantize_weight_only(optimized_graph(job), job.work / "model.onnx", settings, wide=job.wide)
         return Built(job.work / "model.onnx")
 

@@ -30,9 +30,13 @@ _MANIFEST_FIELDS = {
     "host": dict,
 }
 TASKS = (
-    "feature-extraction", "sequence-classification", "token-classification", "fill-mask", "question-answering",
+    "feature-extraction",
+    "sequence-classification",
+    "token-classification",
+    "fill-mask",
+    "question-answering",
     "text-generation",
-)  # fmt: skip
+)
 _DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
 _MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
 

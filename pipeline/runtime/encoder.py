@@ -194,8 +194,12 @@ class Model:
                 probs = np.exp(row - row.max())
                 probs /= probs.sum()
                 best = np.argsort(-probs, kind="stable")[:top_k]
-                masks.append([{"token_id": int(t), "token": self.tokenizer.decode([int(t)]), "score": float(probs[t])}
-                              for t in best])  # fmt: skip
+                masks.append(
+                    [
+                        {"token_id": int(t), "token": self.tokenizer.decode([int(t)]), "score": float(probs[t])}
+                        for t in best
+                    ]
+                )
             results.append(masks)
         return results
 

@@ -140,13 +140,26 @@ class Generator:
                 results[index] = logits[row]
         return np.stack(results)
 
-    def settings(self, max_new_tokens=None, min_new_tokens=0, do_sample=None, temperature=None, top_k=None,
-                 top_p=None, repetition_penalty=None, eos=None, stop=None) -> Sampling:  # fmt: skip
+    def settings(
+        self,
+        max_new_tokens=None,
+        min_new_tokens=0,
+        do_sample=None,
+        temperature=None,
+        top_k=None,
+        top_p=None,
+        repetition_penalty=None,
+        eos=None,
+        stop=None,
+    ) -> Sampling:
         """Resolve a call's settings against the checkpoint's defaults; a bad value is an InputError naming it."""
         pick = {
-            "do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "do_sample": do_sample,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
             "repetition_penalty": repetition_penalty,
-        }  # fmt: skip
+        }
         values = {k: self.defaults.get(k) if v is None else v for k, v in pick.items()}
         values["max_new_tokens"] = 32 if max_new_tokens is None else max_new_tokens
         values["min_new_tokens"] = 0 if min_new_tokens is None else min_new_tokens
@@ -163,12 +176,16 @@ class Generator:
         if problems:
             raise InputError("generate(): " + "; ".join(problems))
         return Sampling(
-            max_new_tokens=int(values["max_new_tokens"]), min_new_tokens=int(values["min_new_tokens"]),
-            do_sample=bool(values["do_sample"]), temperature=float(values["temperature"] or 1.0),
-            top_k=int(values["top_k"] or 0), top_p=float(1.0 if values["top_p"] is None else values["top_p"]),
+            max_new_tokens=int(values["max_new_tokens"]),
+            min_new_tokens=int(values["min_new_tokens"]),
+            do_sample=bool(values["do_sample"]),
+            temperature=float(values["temperature"] or 1.0),
+            top_k=int(values["top_k"] or 0),
+            top_p=float(1.0 if values["top_p"] is None else values["top_p"]),
             repetition_penalty=float(1.0 if values["repetition_penalty"] is None else values["repetition_penalty"]),
-            eos=eos_ids, stop=stop,
-        )  # fmt: skip
+            eos=eos_ids,
+            stop=stop,
+        )
 
     @staticmethod
     def _stop_strings(stop, problems: list[str]) -> tuple[str, ...]:

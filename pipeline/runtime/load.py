@@ -32,8 +32,15 @@ def set_engine_builder(builder: Callable | None) -> None:
     _engine_builder = builder
 
 
-def open_model(graph_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None, engine=None,
-               backend: str = "onnxruntime"):  # fmt: skip
+def open_model(
+    graph_path: Path,
+    tokenizer_path: Path,
+    spec: dict,
+    providers=None,
+    session=None,
+    engine=None,
+    backend: str = "onnxruntime",
+):
     """The runtime object for a graph: a Generator for text generation, else a Model over the backend's session
     (`engine`, a TensorRT plan of that graph, runs on TensorRT)."""
     from pipeline.runtime.encoder import Model
@@ -85,8 +92,15 @@ def session_settings(manifest: dict, intra_op_threads: int | None) -> dict:
     return session
 
 
-def load(path, strict: bool = False, providers=None, intra_op_threads: int | None = None, backend: str = "auto",
-         build_engine: bool = False, graph: str | None = None):  # fmt: skip
+def load(
+    path,
+    strict: bool = False,
+    providers=None,
+    intra_op_threads: int | None = None,
+    backend: str = "auto",
+    build_engine: bool = False,
+    graph: str | None = None,
+):
     """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one):
     a Model (`run`) for encoder tasks, a Generator (`generate`, `stream`, `run`) for text generation.
 

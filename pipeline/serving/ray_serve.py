@@ -263,9 +263,17 @@ def _ray_init(address: str | None) -> None:
         ray_constants.ENABLE_RAY_CLUSTER = cluster
 
 
-def deploy(artifact, replicas: int = 1, address: str | None = None, port: int = 8000, threads: int | None = None,
-           max_batch_size: int | None = None, wait_ms: float = 2.0, max_body_bytes: int | None = None,
-           max_texts: int | None = None) -> str:  # fmt: skip
+def deploy(
+    artifact,
+    replicas: int = 1,
+    address: str | None = None,
+    port: int = 8000,
+    threads: int | None = None,
+    max_batch_size: int | None = None,
+    wait_ms: float = 2.0,
+    max_body_bytes: int | None = None,
+    max_texts: int | None = None,
+) -> str:
     """Deploy `artifact` on a local Ray instance (or the cluster at `address`); returns the HTTP URL once every
     replica runs. A request's body is refused over `max_body_bytes` (default 1 MiB), its texts over `max_texts`
     (default 256). Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
@@ -289,8 +297,12 @@ def deploy(artifact, replicas: int = 1, address: str | None = None, port: int = 
         _ray_init(address)
     threads = replica_threads(replicas, int(ray.available_resources().get("CPU", 0)), threads)
     batch = max_batch_size or int(manifest["model"]["batch_size"])
-    options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": threads},
-               "max_ongoing_requests": max(batch, 8), "health_check_period_s": 5}  # fmt: skip
+    options = {
+        "num_replicas": replicas,
+        "ray_actor_options": {"num_cpus": threads},
+        "max_ongoing_requests": max(batch, 8),
+        "health_check_period_s": 5,
+    }
     replica = serve.deployment(_deployment(), name="artifact", **options)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -309,9 +321,11 @@ def status() -> dict:
         return {"status": "NOT_DEPLOYED"}
     return {
         "status": getattr(app.status, "value", str(app.status)),
-        "deployments": {name: {"status": getattr(d.status, "value", str(d.status)), "replicas": dict(d.replica_states)}
-                        for name, d in app.deployments.items()},
-    }  # fmt: skip
+        "deployments": {
+            name: {"status": getattr(d.status, "value", str(d.status)), "replicas": dict(d.replica_states)}
+            for name, d in app.deployments.items()
+        },
+    }
 
 
 def shutdown() -> None:

@@ -29,8 +29,11 @@ from pipeline.runtime.engine_cache import engine_cache_dir
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
 VARIANTS = ("graph", "ensemble", "python")
-GRAPH_PLATFORMS = {"onnxruntime": {"platform": "onnxruntime_onnx"}, "openvino": {"backend": "openvino"},
-                   "tensorrt": {"platform": "tensorrt_plan"}}  # fmt: skip
+GRAPH_PLATFORMS = {
+    "onnxruntime": {"platform": "onnxruntime_onnx"},
+    "openvino": {"backend": "openvino"},
+    "tensorrt": {"platform": "tensorrt_plan"},
+}
 # A model's name is its folder in the repository and a segment of Triton's URLs (/v2/models/<name>): no separator,
 # no dot (so never "." or ".."), nothing a shell or URL must escape.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
@@ -109,8 +112,9 @@ def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
     """Copy the graph (or the cached TensorRT plans) into `folder`/1; returns the config fields naming them."""
     backend = manifest["backend"]
     if backend != "tensorrt":
-        names = [manifest["graph"]] + ([Path(manifest["graph"]).with_suffix(".bin").name]
-                                       if manifest["graph"].endswith(".xml") else [])  # fmt: skip
+        names = [manifest["graph"]] + (
+            [Path(manifest["graph"]).with_suffix(".bin").name] if manifest["graph"].endswith(".xml") else []
+        )
         for name in names:
             shutil.copyfile(artifact / name, folder / "1" / name)
         return {"default_model_filename": manifest["graph"]}
@@ -181,13 +185,21 @@ def _ensemble(manifest: dict, name: str, graph: str, tokenizer: str, out: Path, 
         "output": [{"name": public, "data_type": "TYPE_FP32", "dims": dims}],
         "ensemble_scheduling": {
             "step": [
-                {"model_name": tokenizer, "model_version": -1, "input_map": {"TEXT": "TEXT"},
-                 "output_map": {n: f"_{n}" for n in inputs}},
-                {"model_name": graph, "model_version": -1, "input_map": {n: f"_{n}" for n in inputs},
-                 "output_map": {output: public}},
+                {
+                    "model_name": tokenizer,
+                    "model_version": -1,
+                    "input_map": {"TEXT": "TEXT"},
+                    "output_map": {n: f"_{n}" for n in inputs},
+                },
+                {
+                    "model_name": graph,
+                    "model_version": -1,
+                    "input_map": {n: f"_{n}" for n in inputs},
+                    "output_map": {output: public},
+                },
             ]
         },
-    }  # fmt: skip
+    }
     return _write(out / name, config)
 
 
@@ -197,8 +209,9 @@ def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_
         output = {"name": "TEXT_OUT", "data_type": "TYPE_STRING", "dims": [1]}
     else:
         output = {"name": ENCODER_OUTPUTS[task], "data_type": "TYPE_FP32", "dims": dims}
-    path = _python_model(name, manifest, out, "runtime_model.py", python_env, {"input": _text_input(),
-                                                                               "output": [output]})  # fmt: skip
+    path = _python_model(
+        name, manifest, out, "runtime_model.py", python_env, {"input": _text_input(), "output": [output]}
+    )
     # The artifact keeps its <model>/<version>/<target> folders: load() checks that its manifest sits in them.
     target = out / name / "1" / manifest["model_name"] / manifest["version"] / manifest["target"]
     target.mkdir(parents=True)
@@ -274,8 +287,9 @@ def _check_out_dir(out: Path) -> None:
         raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
 
 
-def repository_from_artifact(artifact, out_dir, name: str | None = None, variants: tuple[str, ...] | None = None,
-                             python_env: str | None = None) -> list[Path]:  # fmt: skip
+def repository_from_artifact(
+    artifact, out_dir, name: str | None = None, variants: tuple[str, ...] | None = None, python_env: str | None = None
+) -> list[Path]:
     """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty, outside every
     artifact); returns the config.pbtxt paths written. `name`: the graph model's name and folder, of Triton's
     characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact's kind

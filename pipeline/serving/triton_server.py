@@ -91,19 +91,27 @@ class LocalTriton:
         self.log = self._scratch / "tritonserver.log"
 
     def _command(self, home: Path, version: str) -> list[str]:
-        python_options = [f"shm-region-prefix-name={self.prefix}", "shm-default-byte-size=4194304",
-                          "shm-growth-byte-size=1048576"]  # fmt: skip
+        python_options = [
+            f"shm-region-prefix-name={self.prefix}",
+            "shm-default-byte-size=4194304",
+            "shm-growth-byte-size=1048576",
+        ]
         return [
             str(home / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
             f"--backend-directory={_backend_dir(home, self._scratch, version)}",
             f"--cache-directory={home / 'caches'}",
             *(f"--backend-config=python,{option}" for option in python_options),
-            "--http-address=127.0.0.1", f"--http-port={self.http_port}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={free_port()}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={free_port()}",
-            "--allow-gpu-metrics=false", "--strict-readiness=true", "--exit-timeout-secs=5",
-        ]  # fmt: skip
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={free_port()}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={free_port()}",
+            "--allow-gpu-metrics=false",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=5",
+        ]
 
     def __enter__(self) -> LocalTriton:
         home, libdir, version = _environment_paths(self.python_env)
@@ -111,8 +119,14 @@ class LocalTriton:
         # The stub must load this interpreter's libpython, not another of the same version.
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(home.parent.parent / "nvidia_pytriton.libs"), str(libdir)])
         with open(self.log, "w") as log:
-            self.process = subprocess.Popen(self._command(home, version), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                self._command(home, version),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         try:
             self._wait_ready()
         except BaseException:

@@ -20,9 +20,16 @@ def candidate_row(candidate: Candidate, status: str, **values) -> dict:
     """A candidate's row in the search table: what every row shows, the columns its recipe fills (the others
     None), its status and `values`."""
     shown = {column: None for column in ROW_COLUMNS} | recipe_for(candidate).row(candidate)
-    return {"name": candidate.name, "engine": candidate.engine, "precision": candidate.precision,
-            "quantize": candidate.quantize, **shown, "bisect_layers": candidate.bisect_layers, "status": status,
-            **values}  # fmt: skip
+    return {
+        "name": candidate.name,
+        "engine": candidate.engine,
+        "precision": candidate.precision,
+        "quantize": candidate.quantize,
+        **shown,
+        "bisect_layers": candidate.bisect_layers,
+        "status": status,
+        **values,
+    }
 
 
 def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], dict]:
@@ -45,9 +52,14 @@ def judge_candidates(candidates, flags, title: str, make) -> tuple[list[dict], d
             continue
         missed = failures(stats, gate)
         row = candidate_row(
-            candidate, "passed" if not missed else "missed", missed=missed, closeness=closeness(stats, gate),
-            build_seconds=round(time.perf_counter() - started, 2), **extra, **stats,
-        )  # fmt: skip
+            candidate,
+            "passed" if not missed else "missed",
+            missed=missed,
+            closeness=closeness(stats, gate),
+            build_seconds=round(time.perf_counter() - started, 2),
+            **extra,
+            **stats,
+        )
         rows.append(row)
         built[candidate.name] = (made, model)
         figures = sorted((k, v) for k, v in stats.items() if k != NOT_MEASURED)

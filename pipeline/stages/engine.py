@@ -132,8 +132,17 @@ def timing_cache_path(folder: Path, host: dict) -> Path:
     return Path(folder) / f"timing-sm{host['compute_capability'].replace('.', '')}-trt{host['tensorrt']}.cache"
 
 
-def validate_engine(plan: Path, graph: Path, tokenizer: Path, spec: dict, texts: list, reference, metric: str,
-                    accuracy: Accuracy, batch_size: int) -> dict:  # fmt: skip
+def validate_engine(
+    plan: Path,
+    graph: Path,
+    tokenizer: Path,
+    spec: dict,
+    texts: list,
+    reference,
+    metric: str,
+    accuracy: Accuracy,
+    batch_size: int,
+) -> dict:
     """Run the engine through the runtime's Model on held-out text; every threshold missed is an AccuracyError."""
     model = open_model(graph, tokenizer, spec, engine=plan)
     stats = measure(model, texts, reference, metric, batch_size)
@@ -170,9 +179,16 @@ def _build_engines(manifest: Manifest, target: Target, profile: dict, host: dict
         plan = engine_from_onnx(path, profile, target.tensorrt, timing_cache_path(Path(manifest.cache_dir), host))
         (out / f"{name}.plan").write_bytes(plan)
         stats = validate_engine(
-            out / f"{name}.plan", path, export.output("tokenizer.json"), runtime_spec(manifest, target), texts,
-            reference, metric, target.accuracy, target.shapes.batch_size,
-        )  # fmt: skip
+            out / f"{name}.plan",
+            path,
+            export.output("tokenizer.json"),
+            runtime_spec(manifest, target),
+            texts,
+            reference,
+            metric,
+            target.accuracy,
+            target.shapes.batch_size,
+        )
         engines[graph] = {"name": name, "seconds": round(time.perf_counter() - started, 2), "validation": stats}
     return {"engines": engines, "validated_against": "pytorch", "examples": len(texts)}
 
@@ -194,18 +210,26 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     common = {"compute_capability": target.tensorrt.compute_capability, "graphs": sorted(manifest.graphs())}
     if spec["task"] == "text-generation":
         metrics = {
-            **common, "status": "not built", "profiles": None, "profile_hash": None, "tensorrt": None,
+            **common,
+            "status": "not built",
+            "profiles": None,
+            "profile_hash": None,
+            "tensorrt": None,
             "reason": "TensorRT engines are not built for KV-cache decoders here; they run on ONNX Runtime's CUDA "
             "provider",
-        }  # fmt: skip
+        }
         return manifest.with_stage(_unbuilt("decoder", {}, metrics, started))
     profile = profiles(target, spec)
     host, reason = gpu_host()
     reason = _host_problem(host, reason, target.tensorrt)
     metrics = {
-        **common, "status": "pending", "reason": reason, "profiles": profile, "profile_hash": profile_hash(profile),
+        **common,
+        "status": "pending",
+        "reason": reason,
+        "profiles": profile,
+        "profile_hash": profile_hash(profile),
         "tensorrt": host["tensorrt"] if host else None,
-    }  # fmt: skip
+    }
     if reason:
         config = {"tensorrt": target.to_dict()["tensorrt"]}
         return manifest.with_stage(_unbuilt(metrics["profile_hash"], config, metrics, started))
@@ -220,10 +244,18 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     # The engines are built from the published graphs: the stages that made them identify the input.
     inputs = {name: record.key for name, record in manifest.graph_records().items()}
     record = run_cached(
-        manifest.cache_dir, STAGE, config, inputs,
-        lambda out: {**metrics, **_build_engines(manifest, target, profile, host, out), "status": "built",
-                     "reason": "", "host": host},
-    )  # fmt: skip
+        manifest.cache_dir,
+        STAGE,
+        config,
+        inputs,
+        lambda out: {
+            **metrics,
+            **_build_engines(manifest, target, profile, host, out),
+            "status": "built",
+            "reason": "",
+            "host": host,
+        },
+    )
     return manifest.with_stage(record)
 
 
@@ -288,8 +320,17 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
         reference_model = open_model(real / graph, real / "tokenizer.json", published["model"])
         reference = outputs(reference_model, texts, metric, batch)
         accuracy = Accuracy(**published["target_spec"]["accuracy"])
-        stats = validate_engine(scratch, real / graph, real / "tokenizer.json", published["model"], texts, reference,
-                                metric, accuracy, batch)  # fmt: skip
+        stats = validate_engine(
+            scratch,
+            real / graph,
+            real / "tokenizer.json",
+            published["model"],
+            texts,
+            reference,
+            metric,
+            accuracy,
+            batch,
+        )
     finally:
         scratch.unlink(missing_ok=True)
     write_engine(cache_dir, name, plan, _record(published, graph, host, engine["profiles"], stats))

@@ -51,21 +51,42 @@ class ExportConfig:
 
 
 STAGE = StageSpec(
-    "export", VERSION, ExportConfig,
-    packages=("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxscript", "onnxruntime", "tokenizers",
-              "sentence-transformers"),
-)  # fmt: skip
+    "export",
+    VERSION,
+    ExportConfig,
+    packages=(
+        "torch",
+        "transformers",
+        "optimum",
+        "optimum-onnx",
+        "onnx",
+        "onnxscript",
+        "onnxruntime",
+        "tokenizers",
+        "sentence-transformers",
+    ),
+)
 PROBE_TEXTS = ("A short probe.", "A somewhat longer probe sentence, so that the batch needs padding to line up.")
 
 
 # generation_config.json settings the runtime's generate() follows; others that change the output are refused.
 GENERATION_DEFAULTS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 UNSUPPORTED_GENERATION = {
-    "num_beams": 1, "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "sequence_bias": None, "min_p": None, "typical_p": 1.0,
-    "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
-    "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
-}  # fmt: skip
+    "num_beams": 1,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "min_p": None,
+    "typical_p": 1.0,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "encoder_repetition_penalty": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+}
 
 
 def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
@@ -196,9 +217,15 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     with silenced("optimum", "transformers"):
         try:
             main_export(
-                checkpoint.path, scratch, task="text-generation-with-past", opset=OPSET, do_validation=False,
-                library_name="transformers", local_files_only=True, trust_remote_code=False,
-            )  # fmt: skip
+                checkpoint.path,
+                scratch,
+                task="text-generation-with-past",
+                opset=OPSET,
+                do_validation=False,
+                library_name="transformers",
+                local_files_only=True,
+                trust_remote_code=False,
+            )
         except Exception as err:  # optimum and torch raise many types; all mean the same to the user
             first = (str(err).splitlines() or [""])[0]
             raise ExportError(
@@ -261,9 +288,16 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
-                wrapper, args, str(out / "model.onnx"), dynamo=False, opset_version=OPSET,
-                input_names=offered, output_names=[task.output], dynamic_axes=axes, do_constant_folding=True,
-            )  # fmt: skip
+                wrapper,
+                args,
+                str(out / "model.onnx"),
+                dynamo=False,
+                opset_version=OPSET,
+                input_names=offered,
+                output_names=[task.output],
+                dynamic_axes=axes,
+                do_constant_folding=True,
+            )
         except Exception as err:  # torch raises many types while tracing; all mean the same to the user
             first = (str(err).splitlines() or [""])[0]
             raise ExportError(

@@ -30,7 +30,10 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     source = manifest.last_model()
     config = Fp16Config(keep_fp32=KEEP_FP32, keep_io_types=True)
     record = run_cached(
-        manifest.cache_dir, STAGE, config, {"graph": source.key},
+        manifest.cache_dir,
+        STAGE,
+        config,
+        {"graph": source.key},
         lambda out: fp16_from_fp32(source.output("model.onnx"), out / "model.onnx"),
-    )  # fmt: skip
+    )
     return manifest.with_stage(record)

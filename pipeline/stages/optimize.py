@@ -35,7 +35,10 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     model_type = architecture_of(manifest.checkpoint).ort_model_type or ""
     config = OptimizeConfig(fusions=target.optimize.fusions, level=target.optimize.level, model_type=model_type)
     record = run_cached(
-        manifest.cache_dir, STAGE, config, {"export": source.key},
+        manifest.cache_dir,
+        STAGE,
+        config,
+        {"export": source.key},
         lambda out: fused_from_onnx(source.output("model.onnx"), config, out),
-    )  # fmt: skip
+    )
     return manifest.with_stage(record)

@@ -32,9 +32,18 @@ from pipeline.stages import engine
 from pipeline.targets import Target
 
 PACKAGES = (
-    "torch", "transformers", "sentence-transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "openvino",
-    "nncf", "tokenizers", "numpy",
-)  # fmt: skip
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "tokenizers",
+    "numpy",
+)
 # Stages whose key holds the build host itself: what they found is recorded, but is not the artifact's identity.
 HOST_STAGES = ("tune",)
 VERSION_FOLDER = re.compile(r"^v(\d+)$")
@@ -132,10 +141,12 @@ def build_speed(manifest: Manifest) -> dict:
         "search": {
             "measured_at": search.get("timed_at"),
             "candidates": {r["name"]: {k: r.get(k) for k in TIMED} for r in search["candidates"]},
-        } if search else None,
+        }
+        if search
+        else None,
         "generation": validation.get("speed"),
         "stage_seconds": {r.name: r.seconds for r in manifest.stages},
-    }  # fmt: skip
+    }
 
 
 def measured_on(target: Target) -> dict:
@@ -174,8 +185,13 @@ def _write_staging(
         shutil.copyfile(path, staging / name)
         if sha256_file(staging / name) != files[name]:
             raise ArtifactError(f"{path} changed while it was being published; rebuild")
-    report = {"model_name": manifest.model_name, "version": version, "target": target.name,
-              "build_speed": build_speed(manifest), "stages": _report(manifest)}  # fmt: skip
+    report = {
+        "model_name": manifest.model_name,
+        "version": version,
+        "target": target.name,
+        "build_speed": build_speed(manifest),
+        "stages": _report(manifest),
+    }
     (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     files["report.json"] = sha256_file(staging / "report.json")
     published = {

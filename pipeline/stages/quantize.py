@@ -127,8 +127,16 @@ def _smoothed(fp32_path: Path, fp32, nodes: list, settings, calibration: list, b
     return source, smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
 
 
-def int8_with_fallback(manifest: Manifest, target: Target, settings, texts: list, fp32_path: Path, out: Path,
-                       judge: list | None = None, strict: bool = True) -> dict:  # fmt: skip
+def int8_with_fallback(
+    manifest: Manifest,
+    target: Target,
+    settings,
+    texts: list,
+    fp32_path: Path,
+    out: Path,
+    judge: list | None = None,
+    strict: bool = True,
+) -> dict:
     """Quantize `fp32_path` with `settings` into `out`/model.onnx (ranges and smoothing from `texts`), keeping the
     most sensitive nodes in fp32 as needed to meet the target's thresholds (with headroom) against the fp32 graph
     on `judge` (the development split; `texts` where None). Where the whole budget misses, an AccuracyError, or

@@ -63,10 +63,23 @@ class SearchConfig:
 
 # The choice is a timing on this machine: its cores and flags are part of the key.
 STAGE = StageSpec(
-    "search", VERSION, SearchConfig,
-    ("onnxruntime", "onnx", "openvino", "nncf", "numpy", "tokenizers", "torch", "transformers",
-     "sentence-transformers"), host="machine", runtime_code=True,
-)  # fmt: skip
+    "search",
+    VERSION,
+    SearchConfig,
+    (
+        "onnxruntime",
+        "onnx",
+        "openvino",
+        "nncf",
+        "numpy",
+        "tokenizers",
+        "torch",
+        "transformers",
+        "sentence-transformers",
+    ),
+    host="machine",
+    runtime_code=True,
+)
 
 
 def family(manifest: Manifest) -> str:
@@ -90,8 +103,11 @@ def _workloads(model, texts: list, batch: int) -> dict:
     length = min(SEQUENCE, model.max_length)
     by_length = sorted(texts, key=len)
     mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
-    return {"batch_1": token_rows(model, texts, 1, length), f"batch_{batch}": token_rows(model, texts, batch, length),
-            f"mixed_{batch}": mixed}  # fmt: skip
+    return {
+        "batch_1": token_rows(model, texts, 1, length),
+        f"batch_{batch}": token_rows(model, texts, batch, length),
+        f"mixed_{batch}": mixed,
+    }
 
 
 def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
@@ -215,12 +231,18 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
             shutil.copyfile(file, out / file.name)
     shutil.rmtree(out / "work")
     return {
-        "chosen": winner["name"], "backend": made.backend, "precision": winner["precision"],
-        "graph": made.graph.name, "session": made.session, "candidates": rows,
-        "calibration_examples": len(calibration), "development_examples": len(development),
-        "held_out_examples": len(split["held_out"]), "kernel_class": kernel_class(flags),
+        "chosen": winner["name"],
+        "backend": made.backend,
+        "precision": winner["precision"],
+        "graph": made.graph.name,
+        "session": made.session,
+        "candidates": rows,
+        "calibration_examples": len(calibration),
+        "development_examples": len(development),
+        "held_out_examples": len(split["held_out"]),
+        "kernel_class": kernel_class(flags),
         "timed_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:

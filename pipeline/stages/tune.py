@@ -95,7 +95,10 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         generation_batch_sizes=target.generation.speed_batch_sizes if decoder else None,
     )
     record = run_cached(
-        manifest.cache_dir, STAGE, config, {"graph": manifest.last_model().key},
+        manifest.cache_dir,
+        STAGE,
+        config,
+        {"graph": manifest.last_model().key},
         lambda out: _tune(manifest, target, texts),
-    )  # fmt: skip
+    )
     return manifest.with_stage(record)

@@ -51,9 +51,13 @@ class ValidateConfig:
 
 # int8 and bf16 results depend on the host's kernels; validation measures through the runtime.
 STAGE = StageSpec(
-    "validate", VERSION, ValidateConfig, ("torch", "transformers", "sentence-transformers", "onnxruntime", "numpy",
-                                          "tokenizers", "openvino"), host="kernels", runtime_code=True,
-)  # fmt: skip
+    "validate",
+    VERSION,
+    ValidateConfig,
+    ("torch", "transformers", "sentence-transformers", "onnxruntime", "numpy", "tokenizers", "openvino"),
+    host="kernels",
+    runtime_code=True,
+)
 
 
 def _generation_reference(manifest: Manifest, target: Target, texts: list, candidate) -> tuple[dict, dict]:

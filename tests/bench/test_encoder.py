@@ -8,11 +8,26 @@ from pipeline.bench.encoder import ARTIFACT, PYTORCH, _accuracy, bench
 
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
     cache = published.parent.parent.parent.parent / "cache"
-    results = bench(published, cache_dir=cache, out_dir=tmp_path, batch_sizes=(1, 2), seq_lens=(8, 16, 4096),
-                    min_rounds=2, max_rounds=3, servers=False, serving_seconds=0.3)  # fmt: skip
+    results = bench(
+        published,
+        cache_dir=cache,
+        out_dir=tmp_path,
+        batch_sizes=(1, 2),
+        seq_lens=(8, 16, 4096),
+        min_rounds=2,
+        max_rounds=3,
+        servers=False,
+        serving_seconds=0.3,
+    )
     variants = {row["variant"] for row in results["grid"]}
-    assert variants == {"pytorch-fp32", "pytorch-bf16", "openvino-default", "onnx-unoptimized",
-                        "onnx-fp32-optimized", "artifact"}  # fmt: skip
+    assert variants == {
+        "pytorch-fp32",
+        "pytorch-bf16",
+        "openvino-default",
+        "onnx-unoptimized",
+        "onnx-fp32-optimized",
+        "artifact",
+    }
     cosines = results["accuracy_cosine_min"]
     assert set(cosines) == variants  # every variant is measured against PyTorch fp32
     assert 0.9 < cosines["artifact"] < 1.0  # dynamic int8: close to fp32, and not fp32 itself
@@ -38,9 +53,18 @@ def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
 
 
 def test_bench_without_cache_measures_what_it_has(published, tmp_path):
-    results = bench(published, cache_dir=tmp_path / "empty", out_dir=tmp_path, baseline=None,
-                    batch_sizes=(1,), seq_lens=(8,), min_rounds=2, max_rounds=2, servers=False,
-                    serving_seconds=0.3)  # fmt: skip
+    results = bench(
+        published,
+        cache_dir=tmp_path / "empty",
+        out_dir=tmp_path,
+        baseline=None,
+        batch_sizes=(1,),
+        seq_lens=(8,),
+        min_rounds=2,
+        max_rounds=2,
+        servers=False,
+        serving_seconds=0.3,
+    )
     assert results["missing_variants"] == ["onnx-unoptimized", "onnx-fp32-optimized"]
     assert {row["variant"] for row in results["grid"]} == {"artifact"}
     assert "Not in the stage cache" in (tmp_path / "bench.md").read_text()

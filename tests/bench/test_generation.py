@@ -11,8 +11,9 @@ from pipeline.timing import ARTIFACT, PYTORCH, generation_speed
 
 
 def test_bench_generation_writes_ttft_and_decode_rates_with_ratios_per_prompt_length(published_gpt2, tmp_path):
-    results = bench_generation(published_gpt2, out_dir=tmp_path, batch_sizes=(1, 3), new_tokens=6, reps=1,
-                               prompt_tokens=(16, 40))  # fmt: skip
+    results = bench_generation(
+        published_gpt2, out_dir=tmp_path, batch_sizes=(1, 3), new_tokens=6, reps=1, prompt_tokens=(16, 40)
+    )
     assert set(results["runs"]) == {"16", "40"}
     for speed in results["runs"].values():
         assert set(speed["batches"]) == {"batch_1", "batch_3"} and speed["new_tokens"] == 6

@@ -16,8 +16,15 @@ def _export(tmp_path, model_type: str, **config) -> tuple[dict, onnx.ModelProto]
 
     folder = make_decoder(tmp_path / model_type, model_type, **config)
     config = json.loads((folder / "config.json").read_text())
-    checkpoint = Checkpoint(path=str(folder), digest="test", task="text-generation", model_type=model_type,
-                            config=config, pooling=None, max_length=256)  # fmt: skip
+    checkpoint = Checkpoint(
+        path=str(folder),
+        digest="test",
+        task="text-generation",
+        model_type=model_type,
+        config=config,
+        pooling=None,
+        max_length=256,
+    )
     out = tmp_path / "export"
     out.mkdir()
     metrics = onnx_from_checkpoint(checkpoint, out)

@@ -38,8 +38,13 @@ def test_every_kind_a_shipped_target_uses_has_a_recipe_for_its_family_and_precis
         recipe = recipe_for(candidate)
         assert (recipe.engine, recipe.quantize) == (candidate.engine, candidate.quantize), (name, candidate.name)
         assert candidate.family in recipe.families and candidate.precision in recipe.precisions, (name, candidate)
-    assert {recipe_for(c).name for _, c in used} >= {"ort-fp32", "ort-int8-dynamic", "openvino", "openvino-int8",
-                                                    "weight-only"}  # fmt: skip
+    assert {recipe_for(c).name for _, c in used} >= {
+        "ort-fp32",
+        "ort-int8-dynamic",
+        "openvino",
+        "openvino-int8",
+        "weight-only",
+    }
 
 
 def test_registry_refuses_a_kind_or_a_name_registered_twice():
@@ -79,11 +84,15 @@ def test_configs_are_derived_from_the_candidate_and_its_target():
 
 def test_a_rows_block_columns_are_filled_only_by_recipes_that_have_them():
     fp32 = Candidate("fp32", "onnxruntime", "fp32", bits=4, blocks="minimum", block_size=64)
-    weights = Candidate("w", "onnxruntime", "int4", "weight_only", family="decoder", bits=4, blocks="minimum",
-                        block_size=64)  # fmt: skip
+    weights = Candidate(
+        "w", "onnxruntime", "int4", "weight_only", family="decoder", bits=4, blocks="minimum", block_size=64
+    )
     assert {k: candidate_row(fp32, "passed")[k] for k in ROW_COLUMNS} == dict.fromkeys(ROW_COLUMNS)
-    assert {k: candidate_row(weights, "passed")[k] for k in ROW_COLUMNS} == {"bits": 4, "blocks": "minimum",
-                                                                             "block_size": 64}  # fmt: skip
+    assert {k: candidate_row(weights, "passed")[k] for k in ROW_COLUMNS} == {
+        "bits": 4,
+        "blocks": "minimum",
+        "block_size": 64,
+    }
     for recipe in RECIPES.values():
         assert set(recipe.row(weights)) <= set(ROW_COLUMNS), recipe.name
 
@@ -91,13 +100,17 @@ def test_a_rows_block_columns_are_filled_only_by_recipes_that_have_them():
 @pytest.mark.parametrize(
     ("candidate", "message"),
     [
-        ({"engine": "openvino", "precision": "int8", "quantize": "dynamic"},
-         r"no recipe builds engine = 'openvino' with quantize = 'dynamic'; available: ort-fp32 .*openvino-int8"),
-        ({"engine": "onnxruntime", "precision": "int8", "quantize": "weight_only"},
-         r"recipe weight-only builds family decoder, not 'encoder'; set family"),
+        (
+            {"engine": "openvino", "precision": "int8", "quantize": "dynamic"},
+            r"no recipe builds engine = 'openvino' with quantize = 'dynamic'; available: ort-fp32 .*openvino-int8",
+        ),
+        (
+            {"engine": "onnxruntime", "precision": "int8", "quantize": "weight_only"},
+            r"recipe weight-only builds family decoder, not 'encoder'; set family",
+        ),
         ({"engine": "openvino", "precision": "int4"}, r"recipe openvino builds precision fp32, bf16, not 'int4'"),
     ],
-)  # fmt: skip
+)
 def test_a_candidate_no_recipe_builds_is_refused_before_any_stage(tmp_path, candidate, message):
     path = write_target(tmp_path, "odd", base="cpu-avx2", candidates=[{"name": "a", **candidate}])
     with pytest.raises(TargetError, match=f"odd.toml: candidate 'a': {message}"):

@@ -47,10 +47,15 @@ CONVERSATIONS = {
 # Qwen2.5's template also renders tool calls (their arguments through tojson, non-ASCII kept) and tool results.
 TOOL_TURNS = [
     {"role": "user", "content": "Weather in Zürich?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Zürich", "unit": "°C"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "weather", "arguments": {"city": "Zürich", "unit": "°C"}}}
+        ],
+    },
     {"role": "tool", "content": "21 degrees"},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +145,14 @@ def chat_artifact(chat_checkpoints, texts_file, tmp_path_factory) -> Path:
     from pipeline.build import build
 
     root = tmp_path_factory.mktemp("chat-build")
-    manifest = build(chat_checkpoints["gemma"], "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c",
-                     validation=texts_file, calibration=texts_file)  # fmt: skip
+    manifest = build(
+        chat_checkpoints["gemma"],
+        "cpu-fp32",
+        artifacts_dir=root / "a",
+        cache_dir=root / "c",
+        validation=texts_file,
+        calibration=texts_file,
+    )
     return Path(manifest.published["path"])
 
 
@@ -160,8 +171,13 @@ def test_generate_messages_equals_transformers_generate_on_apply_chat_template_i
         assert [list(e.ids) for e in model.encode(render_chats(model.spec, [conversation]))] == [ids]
         prompt = torch.tensor([ids])
         with torch.inference_mode():
-            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=16,
-                              pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+            out = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=16,
+                pad_token_id=tokenizer.eos_token_id,
+            )
         assert completion.token_ids == tuple(out[0, len(ids) :].tolist())
         assert tuple(streamed[i]) == completion.token_ids
 
@@ -178,8 +194,12 @@ def test_cli_generate_chat_sends_each_prompt_as_one_user_message(chat_artifact):
     expected = load(chat_artifact).generate(
         messages=[[{"role": "user", "content": p}] for p in prompts], max_new_tokens=8, batch_size=1
     )
-    out = subprocess.run([sys.executable, "-m", "pipeline", "generate", str(chat_artifact), *prompts, "--chat",
-                          "--max-new-tokens", "8"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline", "generate", str(chat_artifact), *prompts, "--chat", "--max-new-tokens", "8"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     for prompt, completion in zip(prompts, expected, strict=True):
         assert f"{prompt}\n{completion.text}\n[{completion.finish_reason}]" in out.stdout

@@ -82,8 +82,9 @@ def test_stream_yields_each_token_as_its_step_runs(model):
     counting = _Counting(model.session)
     model.session = counting
     try:
-        events = model.stream(["The cat sat", "A much longer prompt about the weather in spring"], max_new_tokens=6,
-                              eos=False)  # fmt: skip
+        events = model.stream(
+            ["The cat sat", "A much longer prompt about the weather in spring"], max_new_tokens=6, eos=False
+        )
         first = next(events)
         assert counting.steps == 1 and isinstance(first, Token) and first.index == 0
         rest = list(events)
@@ -110,8 +111,14 @@ def test_stream_text_joins_to_generate_text_and_decoded_ids(model):
 def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, texts_file, tmp_path):
     from pipeline.build import build
 
-    manifest = build(tiny_gpt2, "cpu-fp32", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c",
-                     validation=texts_file, calibration=texts_file)  # fmt: skip
+    manifest = build(
+        tiny_gpt2,
+        "cpu-fp32",
+        artifacts_dir=tmp_path / "a",
+        cache_dir=tmp_path / "c",
+        validation=texts_file,
+        calibration=texts_file,
+    )
     fp32 = load(manifest.published["path"])
     together = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=len(SMALL_TEXTS))
     alone = [fp32.generate([p], max_new_tokens=16)[0] for p in SMALL_TEXTS]
@@ -169,8 +176,17 @@ def test_sampling_repeats_with_a_seed_and_top_k_1_is_greedy(model):
 
 
 def _settings(**changes) -> Sampling:
-    base = dict(max_new_tokens=4, min_new_tokens=0, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                repetition_penalty=1.0, eos=frozenset(), stop=())  # fmt: skip
+    base = dict(
+        max_new_tokens=4,
+        min_new_tokens=0,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        repetition_penalty=1.0,
+        eos=frozenset(),
+        stop=(),
+    )
     return Sampling(**{**base, **changes})
 
 
@@ -268,8 +284,11 @@ def test_generate_and_stream_raise_one_line_input_error_naming_the_range_when_se
 
 def test_generate_and_stream_raise_input_error_naming_the_known_settings_when_a_keyword_is_unknown(model):
     for call in (model.generate, model.stream):
-        with pytest.raises(InputError, match=r"unknown setting 'temprature'; it takes batch_size, seed and "
-                                             r"max_new_tokens, .*temperature, .*stop"):  # fmt: skip
+        with pytest.raises(
+            InputError,
+            match=r"unknown setting 'temprature'; it takes batch_size, seed and "
+            r"max_new_tokens, .*temperature, .*stop",
+        ):
             call(["hello"], max_new_tokens=2, temprature=0.5)
 
 
@@ -438,8 +457,14 @@ def fp32_model(tiny_gpt2, texts_file, tmp_path_factory) -> Generator:
     from pipeline.build import build
 
     root = tmp_path_factory.mktemp("gpt2-fp32")
-    manifest = build(tiny_gpt2, "cpu-fp32", validation=texts_file, calibration=texts_file,
-                     artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
+    manifest = build(
+        tiny_gpt2,
+        "cpu-fp32",
+        validation=texts_file,
+        calibration=texts_file,
+        artifacts_dir=root / "a",
+        cache_dir=root / "c",
+    )
     return load(manifest.published["path"])
 
 

@@ -16,8 +16,14 @@ def _fp32_build(root, model_type: str, texts_file, **config):
     from pipeline.build import build
 
     folder = make_decoder(root / f"tiny-{model_type}", model_type, **config)
-    manifest = build(folder, "cpu-fp32", validation=texts_file, calibration=texts_file,
-                     artifacts_dir=root / "a", cache_dir=root / "c")  # fmt: skip
+    manifest = build(
+        folder,
+        "cpu-fp32",
+        validation=texts_file,
+        calibration=texts_file,
+        artifacts_dir=root / "a",
+        cache_dir=root / "c",
+    )
     return folder, load(manifest.published["path"])
 
 

@@ -57,9 +57,14 @@ def refusing_fp32(published_fp32, tmp_path_factory):
 def served(refusing_fp32):
     # A batch waits up to 200 ms so that requests sent together share one.
     url = ray_serve.deploy(
-        refusing_fp32, replicas=2, port=free_port(), max_batch_size=8, wait_ms=200,
-        max_body_bytes=MAX_BODY_BYTES, max_texts=MAX_TEXTS,
-    )  # fmt: skip
+        refusing_fp32,
+        replicas=2,
+        port=free_port(),
+        max_batch_size=8,
+        wait_ms=200,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_texts=MAX_TEXTS,
+    )
     try:
         yield url
     finally:

@@ -14,9 +14,14 @@ from ..tiny import make_checkpoint
 
 def _run(folder, task=None):
     manifest = Manifest(
-        model_name="m", source=str(folder), cache_dir="", artifacts_dir="", validation_path="", calibration_path="",
+        model_name="m",
+        source=str(folder),
+        cache_dir="",
+        artifacts_dir="",
+        validation_path="",
+        calibration_path="",
         task_override=task,
-    )  # fmt: skip
+    )
     return checkpoint.run(manifest, load_target("cpu-avx2")).checkpoint
 
 
@@ -63,8 +68,11 @@ def test_run_picks_text_generation_for_a_causal_lm(tiny_gpt2):
 
 
 def test_run_refuses_a_task_of_the_other_family(tiny_gpt2, tiny_bert):
-    with pytest.raises(InputError, match=r"task 'feature-extraction' is for encoder models, and gpt2 is of the "
-                                         r"decoder family, whose tasks are: text-generation"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"task 'feature-extraction' is for encoder models, and gpt2 is of the "
+        r"decoder family, whose tasks are: text-generation",
+    ):
         _run(tiny_gpt2, task="feature-extraction")
     with pytest.raises(InputError, match=r"task 'text-generation' is for decoder models"):
         _run(tiny_bert, task="text-generation")

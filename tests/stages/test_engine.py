@@ -37,8 +37,17 @@ def test_profiles_refuse_out_of_order(tmp_path):
 def test_engine_cache_key_changes_with_each_part():
     key = engine_cache_key("8.0", "10.3.0", "abc")
     assert key == "sm80-trt10.3.0-abc"
-    assert len({key, engine_cache_key("9.0", "10.3.0", "abc"), engine_cache_key("8.0", "11.0", "abc"),
-                engine_cache_key("8.0", "10.3.0", "abd")}) == 4  # fmt: skip
+    assert (
+        len(
+            {
+                key,
+                engine_cache_key("9.0", "10.3.0", "abc"),
+                engine_cache_key("8.0", "11.0", "abc"),
+                engine_cache_key("8.0", "10.3.0", "abd"),
+            }
+        )
+        == 4
+    )
     assert engine.profile_hash(engine.profiles(load_target("a100"), SPEC)) != engine.profile_hash(
         engine.profiles(load_target("a100"), {**SPEC, "max_length": 128})
     )
@@ -116,8 +125,9 @@ def test_load_on_tensorrt_backend_without_gpu_says_why(tiny_bert, texts_file, bu
 
 def test_engine_command_refuses_without_gpu_naming_the_reason(tiny_bert, texts_file, build_dirs):
     manifest = build(tiny_bert, "a100", validation=texts_file, calibration=texts_file, **build_dirs)
-    out = subprocess.run([sys.executable, "-m", "pipeline", "engine", manifest.published["path"]],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline", "engine", manifest.published["path"]], capture_output=True, text=True
+    )
     assert out.returncode == 9
     assert "cannot build the engine of" in out.stderr and "TensorRT is not installed on this host" in out.stderr
 
@@ -137,8 +147,10 @@ def test_engine_builds_validates_and_loads_on_gpu_host(tiny_bert, texts_file, ca
     host, reason = gpu_host()
     if host is None:
         pytest.skip(f"no GPU engine build here: {reason}")
-    target = next((t for t in ("a100", "h100", "l4") if load_target(t).tensorrt.compute_capability
-                   == host["compute_capability"]), None)  # fmt: skip
+    target = next(
+        (t for t in ("a100", "h100", "l4") if load_target(t).tensorrt.compute_capability == host["compute_capability"]),
+        None,
+    )
     if target is None:
         pytest.skip(f"no target for compute capability {host['compute_capability']} ({host['gpu']})")
     manifest = build(tiny_bert, target, validation=texts_file, calibration=calibration_file, **build_dirs)

@@ -18,9 +18,13 @@ from ..tiny import make_checkpoint
 def _export(folder, cache):
     target = load_target("cpu-avx2")
     manifest = Manifest(
-        model_name="m", source=str(folder), cache_dir=str(cache), artifacts_dir="", validation_path="",
+        model_name="m",
+        source=str(folder),
+        cache_dir=str(cache),
+        artifacts_dir="",
+        validation_path="",
         calibration_path="",
-    )  # fmt: skip
+    )
     return export.run(checkpoint.run(manifest, target), target)
 
 
@@ -60,9 +64,9 @@ def test_onnx_from_checkpoint_rebuilds_truncated_cache_entry(tiny_bert, tmp_path
 
 def test_onnx_from_checkpoint_refuses_nan_weights(tmp_path):
     folder = make_checkpoint(tmp_path / "nan", "bert")
-    model = export.load_torch_model(checkpoint.run(
-        Manifest("m", str(folder), "", "", "", ""), load_target("cpu-avx2")
-    ).checkpoint)  # fmt: skip
+    model = export.load_torch_model(
+        checkpoint.run(Manifest("m", str(folder), "", "", "", ""), load_target("cpu-avx2")).checkpoint
+    )
     with torch.no_grad():
         model.embeddings.word_embeddings.weight.fill_(float("nan"))
     model.save_pretrained(folder)
@@ -93,15 +97,19 @@ def test_onnx_from_causal_lm_has_kv_cache_io_and_last_token_logits(tiny_gpt2, tm
     assert spec["past"] == [f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     assert spec["eos_token_ids"] == [0] and spec["defaults"]["do_sample"] is False
     # One graph serves the prompt and each new token: the cache it returns, fed back, gives PyTorch's logits.
-    model = export.load_torch_model(checkpoint.run(
-        Manifest("m", str(tiny_gpt2), "", "", "", ""), load_target("cpu-avx2")
-    ).checkpoint)  # fmt: skip
+    model = export.load_torch_model(
+        checkpoint.run(Manifest("m", str(tiny_gpt2), "", "", "", ""), load_target("cpu-avx2")).checkpoint
+    )
     ids = np.array([[5, 17, 99, 300, 42, 7]], dtype=np.int64)
     empty = {n: np.zeros((1, 4, 0, 16), np.float32) for n in spec["past"]}
 
     def step(tokens, start):
-        feeds = {"input_ids": tokens, "attention_mask": np.ones((1, start + tokens.shape[1]), np.int64),
-                 "position_ids": np.arange(start, start + tokens.shape[1])[None], **past}  # fmt: skip
+        feeds = {
+            "input_ids": tokens,
+            "attention_mask": np.ones((1, start + tokens.shape[1]), np.int64),
+            "position_ids": np.arange(start, start + tokens.shape[1])[None],
+            **past,
+        }
         logits, *present = session.run(None, feeds)
         assert logits.shape == (1, 1, 512)  # the last position only
         return logits[0, -1], dict(zip(spec["past"], present, strict=True))
@@ -120,11 +128,14 @@ def test_onnx_from_causal_lm_has_kv_cache_io_and_last_token_logits(tiny_gpt2, tm
 def test_last_token_logits_leaves_other_graphs_alone():
     import onnx
 
-    graph = onnx.helper.make_model(onnx.helper.make_graph(
-        [onnx.helper.make_node("Relu", ["x"], ["logits"])], "g",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3])],
-        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 2, 3])],
-    ))  # fmt: skip
+    graph = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Relu", ["x"], ["logits"])],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3])],
+            [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 2, 3])],
+        )
+    )
     assert last_token_logits(graph) is False and len(graph.graph.node) == 1
 
 
@@ -156,9 +167,11 @@ def test_graph_inputs_follow_the_graph_and_refuse_one_no_tokenizer_makes(tmp_pat
     def session(names):
         ints = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [1, 2]) for n in names]
         graph = onnx.helper.make_graph(
-            [onnx.helper.make_node("Add", names[:2], ["y"])], "g", ints,
+            [onnx.helper.make_node("Add", names[:2], ["y"])],
+            "g",
+            ints,
             [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [1, 2])],
-        )  # fmt: skip
+        )
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
         path = tmp_path / f"{len(names)}.onnx"
         onnx.save(model, str(path))

@@ -63,9 +63,12 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(
     # The development gate narrows an extreme by development_margin(n): undo it so that the split must reach 0.7x.
     development = plain.stage("quantize").metrics["development_examples"]
     strict = write_target(
-        tmp_path, "strict", accuracy__max_abs_diff=plain_diff * 0.7 / (1 - development_margin(development)),
-        quantize__fallback_headroom=0.0, quantize__max_fp32_nodes=6,
-    )  # fmt: skip
+        tmp_path,
+        "strict",
+        accuracy__max_abs_diff=plain_diff * 0.7 / (1 - development_margin(development)),
+        quantize__fallback_headroom=0.0,
+        quantize__max_fp32_nodes=6,
+    )
     # The stages up to quantize alone: the fallback is judged on the development split (2 of the 8 calibration
     # texts), and a threshold this close to plain int8's may miss on the held-out texts in validation.
     manifest = Manifest(
@@ -168,8 +171,14 @@ def test_quantize_static_same_inputs_give_same_artifact(tiny_bert, texts_file, c
     target = write_target(tmp_path, "static", quantize__mode="static")
     files = []
     for run in ("one", "two"):
-        manifest = build(tiny_bert, str(target), validation=texts_file, calibration=calibration_file,
-                         artifacts_dir=tmp_path / run / "a", cache_dir=tmp_path / run / "c")  # fmt: skip
+        manifest = build(
+            tiny_bert,
+            str(target),
+            validation=texts_file,
+            calibration=calibration_file,
+            artifacts_dir=tmp_path / run / "a",
+            cache_dir=tmp_path / run / "c",
+        )
         published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
         files.append({k: v for k, v in published["files"].items() if k != "report.json"})
         assert published["stages"]["quantize"]["config"]["calibration"]
@@ -194,8 +203,14 @@ def test_weight_only_int8_puts_every_matmul_weight_in_matmulnbits_and_records_th
 ):
     folder = make_decoder(tmp_path / "tiny-llama", "llama")
     # A random tiny LM's logits are nearly flat: the gate is loose here; SmolLM2 (slow tier) holds the real one.
-    target = write_target(tmp_path, "woq", base="cpu-int8-weights", accuracy__teacher_top1_agreement=0.0,
-                          accuracy__perplexity_ratio=10.0, accuracy__greedy_prefix_agreement=0.0)  # fmt: skip
+    target = write_target(
+        tmp_path,
+        "woq",
+        base="cpu-int8-weights",
+        accuracy__teacher_top1_agreement=0.0,
+        accuracy__perplexity_ratio=10.0,
+        accuracy__greedy_prefix_agreement=0.0,
+    )
     manifest = build(folder, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     graph = onnx.load(manifest.published["path"] + "/model.onnx")
     weights = {i.name for i in graph.graph.initializer}
@@ -208,16 +223,25 @@ def test_weight_only_int8_puts_every_matmul_weight_in_matmulnbits_and_records_th
     validation = json.loads((Path(manifest.published["path"]) / "manifest.json").read_text())["validation"]
     assert {"teacher_top1_agreement", "perplexity_ratio", "greedy_prefix_agreement"} <= set(validation)
     assert [r["metric"] for r in validation["verdict"]] == [
-        "greedy_prefix_agreement", "teacher_top1_agreement", "perplexity_ratio"
-    ]  # fmt: skip
+        "greedy_prefix_agreement",
+        "teacher_top1_agreement",
+        "perplexity_ratio",
+    ]
 
 
 @pytest.mark.parametrize("blocks", ["symmetric", "minimum"])
 def test_weight_only_int4_keeps_the_lm_head_at_8_bits(blocks, texts_file, calibration_file, build_dirs, tmp_path):
     folder = make_decoder(tmp_path / "tiny-llama", "llama")
-    target = write_target(tmp_path, "woq4", base="cpu-int8-weights", quantize__bits=4, quantize__blocks=blocks,
-                          accuracy__teacher_top1_agreement=0.0, accuracy__perplexity_ratio=10.0,
-                          accuracy__greedy_prefix_agreement=0.0)  # fmt: skip
+    target = write_target(
+        tmp_path,
+        "woq4",
+        base="cpu-int8-weights",
+        quantize__bits=4,
+        quantize__blocks=blocks,
+        accuracy__teacher_top1_agreement=0.0,
+        accuracy__perplexity_ratio=10.0,
+        accuracy__greedy_prefix_agreement=0.0,
+    )
     manifest = build(folder, str(target), validation=texts_file, calibration=calibration_file, **build_dirs)
     nodes = onnx.load(manifest.published["path"] + "/model.onnx").graph.node
     bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nodes if n.op_type == "MatMulNBits"}

@@ -24,8 +24,14 @@ OPENVINO_FP32 = [{"name": "openvino-fp32", "engine": "openvino", "precision": "f
 
 
 def _build(checkpoint, target, texts_file, calibration_file, tmp_path):
-    return build(checkpoint, str(target), validation=texts_file, calibration=calibration_file,
-                 artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")  # fmt: skip
+    return build(
+        checkpoint,
+        str(target),
+        validation=texts_file,
+        calibration=calibration_file,
+        artifacts_dir=tmp_path / "a",
+        cache_dir=tmp_path / "c",
+    )
 
 
 def assert_chosen_is_the_fastest_that_passed_held_out(rows: list[dict]) -> None:
@@ -163,8 +169,10 @@ def test_target_of_another_class_records_where_it_was_measured(tiny_bert, texts_
     manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
     published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
     assert published["measured_on"] == {
-        "kernel_class": kernel_class(), "target_kernel_class": spec.kernel_class, "matches": False
-    }  # fmt: skip
+        "kernel_class": kernel_class(),
+        "target_kernel_class": spec.kernel_class,
+        "matches": False,
+    }
     flags = cpu_flags() or frozenset()
     for row in published["candidates"]:
         needs = next(c for c in spec.candidates if c.name == row["name"]).required_cpu_flags
@@ -190,8 +198,12 @@ def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_f
     from onnx import TensorProto, helper
 
     node = helper.make_node("NoSuchOperator", ["x"], ["y"], domain="no.such.domain")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)]
     )

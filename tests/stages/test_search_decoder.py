@@ -17,10 +17,21 @@ from ..conftest import write_target
 from ..tiny import make_decoder
 from .test_search import _build, assert_chosen_is_the_fastest_that_passed_held_out
 
-FP32 = {"name": "fp32", "family": "decoder", "engine": "onnxruntime", "precision": "fp32",
-        "accuracy": {"teacher_top1_agreement": 0.99, "perplexity_ratio": 1.001}}  # fmt: skip
-INT4 = {"name": "int4", "family": "decoder", "engine": "onnxruntime", "precision": "int4", "quantize": "weight_only",
-        "bits": 4}  # fmt: skip
+FP32 = {
+    "name": "fp32",
+    "family": "decoder",
+    "engine": "onnxruntime",
+    "precision": "fp32",
+    "accuracy": {"teacher_top1_agreement": 0.99, "perplexity_ratio": 1.001},
+}
+INT4 = {
+    "name": "int4",
+    "family": "decoder",
+    "engine": "onnxruntime",
+    "precision": "int4",
+    "quantize": "weight_only",
+    "bits": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +84,13 @@ def test_a_decoder_candidate_whose_greedy_prefix_misses_on_the_development_split
     measured = int4["greedy_prefix_agreement"]  # the same recipe as INT4, on the same development split
     if measured == 1.0:
         pytest.skip("int4 reproduces every greedy continuation of this tiny model: no prefix threshold it misses")
-    loose = {"teacher_top1_agreement": 0.0, "perplexity_ratio": 10.0, "greedy_match": 0.0, "top1_agreement": 0.0,
-             "max_probability_diff": 1.0}  # fmt: skip
+    loose = {
+        "teacher_top1_agreement": 0.0,
+        "perplexity_ratio": 10.0,
+        "greedy_match": 0.0,
+        "top1_agreement": 0.0,
+        "max_probability_diff": 1.0,
+    }
     gated = {**INT4, "accuracy": {**loose, "greedy_prefix_agreement": (1 + measured) / 2}}
     target = write_target(tmp_path, "prefix", base="cpu-avx2", candidates=[FP32, gated])
     manifest = _build(llama, target, texts_file, calibration_file, tmp_path)

@@ -103,17 +103,21 @@ class TensorRTSession:
                     )
                 self.context.set_input_shape(name, array.shape)
                 hold.append(array)
-                _call(cudart, cudart.cudaMemcpyAsync(
-                    self._buffers[name][0], array.ctypes.data, array.nbytes, to_device, self.stream
-                ))  # fmt: skip
+                _call(
+                    cudart,
+                    cudart.cudaMemcpyAsync(
+                        self._buffers[name][0], array.ctypes.data, array.nbytes, to_device, self.stream
+                    ),
+                )
             if not self.context.execute_async_v3(self.stream):
                 raise ArtifactError("TensorRT failed to run the engine; see the TensorRT log above")
             results = []
             for name in output_names or self.output_names:
                 out = np.empty(tuple(self.context.get_tensor_shape(name)), dtype=self.dtypes[name])
-                _call(cudart, cudart.cudaMemcpyAsync(
-                    out.ctypes.data, self._buffers[name][0], out.nbytes, to_host, self.stream
-                ))  # fmt: skip
+                _call(
+                    cudart,
+                    cudart.cudaMemcpyAsync(out.ctypes.data, self._buffers[name][0], out.nbytes, to_host, self.stream),
+                )
                 results.append(out)
             _call(cudart, cudart.cudaStreamSynchronize(self.stream))
         return results
