@@ -71,7 +71,7 @@ def test_development_gate_margin_shrinks_like_one_over_sqrt_n_on_extremes_only()
     for gate in (small, medium, large):  # means keep their threshold
         assert (gate.cosine_mean, gate.teacher_top1_agreement) == (0.995, 0.9)
     # A 15-example split must clear cosine min 0.99 by half its gap; its statistic of 0.994 is refused.
-    assert failures({"cosine_min": 0.994}, development_gate(accuracy, 15)) == ["cosine_min = 0.9940, needs >= 0.995"]
+    assert failures({"cosine_min": 0.994}, development_gate(accuracy, 15)) == ["cosine_min = 0.994, needs >= 0.995"]
     assert not failures({"cosine_min": 0.994}, Accuracy(cosine_min=0.99))
 
 
