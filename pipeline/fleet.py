@@ -104,6 +104,7 @@ def _finish(model: str, target: str, options: dict, prepared: dict | None = None
         "path": manifest.published["path"],
         "chosen": chosen.metrics.get("chosen") if chosen else f"{manifest.chosen()['backend']} (no search)",
         "accuracy": {r["metric"]: r["value"] for r in verdict if not isinstance(r["value"], bool)},
+        "seconds": manifest.published.get("seconds"),
         **_where(),
     }
 
@@ -160,13 +161,16 @@ def fleet(models: list[str], targets: list[str], cluster: str | None = None, **o
 
 
 def fleet_table(rows: list[dict]) -> str:
-    """The fleet's result, one line a build."""
-    lines = [f"  {'model':<28} {'target':<18} {'status':<10} {'chosen':<20} {'accuracy':<26} where"]
+    """The fleet's result, one line a build: model, target, status, chosen candidate, the gate's first figures,
+    seconds, and the node it finished on."""
+    head = f"  {'model':<22} {'target':<18} {'status':<10} {'chosen':<24} {'accuracy':<38} {'s':>6}  where"
+    lines = [head]
     for row in rows:
         accuracy = ", ".join(f"{k} {v:.4f}" for k, v in list((row.get("accuracy") or {}).items())[:2])
         where = row.get("host", "-") + (f" ({row['node_id'][:8]})" if row.get("node_id") else "")
+        seconds = f"{row['seconds']:.0f}" if row.get("seconds") is not None else "-"
         lines.append(
-            f"  {Path(row['model']).name:<28} {row['target']:<18} {row['status']:<10} {str(row.get('chosen')):<20} "
-            f"{accuracy or row.get('error', '-'):<26} {where}"
+            f"  {Path(row['model']).name:<22} {Path(row['target']).stem:<18} {row['status']:<10} "
+            f"{str(row.get('chosen')):<24} {accuracy or row.get('error', '-'):<38} {seconds:>6}  {where}"
         )
     return "\n".join(lines)
