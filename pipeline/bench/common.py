@@ -8,24 +8,17 @@ from pathlib import Path
 
 def host_summary(threads: int) -> dict:
     """The host a benchmark ran on: CPU model, kernel class, the flags that pick kernels, threads, versions."""
-    from importlib import metadata
+    from pipeline.cache import package_versions
+    from pipeline.runtime.host import describe_host
 
-    from pipeline.runtime.host import INT8_KERNEL_FLAGS, cpu_flags, cpu_model, kernel_class
-
-    flags = cpu_flags() or frozenset()
-    versions = {}
-    for name in ("onnxruntime", "openvino", "torch", "numpy"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    kernel_flags = [f for f in ("avx2", "fma", "avx512f", *INT8_KERNEL_FLAGS, "avx512_bf16", "amx_bf16") if f in flags]
+    host = describe_host()
+    versions = package_versions(("onnxruntime", "openvino", "torch", "numpy"))
     return {
-        "cpu": cpu_model(),
-        "kernel_class": kernel_class(flags),
-        "flags": kernel_flags,
+        "cpu": host["cpu"],
+        "kernel_class": host["kernel_class"],
+        "flags": host["kernel_flags"],
         "threads": threads,
-        "versions": versions,
+        "versions": {k: v for k, v in versions.items() if v != "absent"},
     }
 
 

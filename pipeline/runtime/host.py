@@ -60,6 +60,27 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+# The flags that pick ONNX Runtime's and OpenVINO's kernels, as benchmark reports list them.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", *INT8_KERNEL_FLAGS, "avx512_bf16", "amx_bf16")
+
+
+def describe_host() -> dict:
+    """This host as manifests and benchmark reports record it: machine, system, CPU model, usable cores, kernel
+    class, every CPU flag (None where unreadable) and the flags that pick kernels."""
+    import platform
+
+    flags = cpu_flags()
+    return {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu": cpu_model(),
+        "cores": usable_cores(),
+        "kernel_class": kernel_class(flags),
+        "cpu_flags": sorted(flags) if flags else None,
+        "kernel_flags": [f for f in KERNEL_FLAGS if f in (flags or ())],
+    }
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
     try:

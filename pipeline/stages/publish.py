@@ -27,7 +27,7 @@ from pipeline.cache import exclusive_lock, package_versions
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
-from pipeline.runtime.host import cpu_flags, cpu_model, kernel_class, usable_cores
+from pipeline.runtime.host import describe_host, kernel_class
 from pipeline.stages import engine
 from pipeline.targets import Target
 
@@ -61,15 +61,7 @@ def _package_versions() -> dict[str, str]:
 
 
 def _host() -> dict:
-    flags = cpu_flags()
-    return {
-        "machine": platform.machine(),
-        "system": platform.system(),
-        "cpu": cpu_model(),
-        "cores": usable_cores(),
-        "kernel_class": kernel_class(flags),
-        "cpu_flags": sorted(flags) if flags else None,
-    }
+    return {k: v for k, v in describe_host().items() if k != "kernel_flags"}
 
 
 @contextlib.contextmanager
