@@ -9,7 +9,7 @@ from pipeline.errors import TargetError
 from pipeline.metrics import with_headroom
 from pipeline.targets import Target, available_targets, load_target, target_from_toml
 
-from .conftest import write_target
+from ..conftest import write_target
 
 
 @pytest.mark.parametrize("name", available_targets())

@@ -11,9 +11,9 @@ import tomllib
 from pathlib import Path
 
 from pipeline.errors import TargetError
-from pipeline.schema import dataclass_from_table
+from pipeline.targets.schema import dataclass_from_table
 
-TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+TARGETS_DIR = Path(__file__).resolve().parents[2] / "targets"
 
 DEVICES = ("cpu", "gpu")
 ENGINES = ("onnxruntime", "openvino", "tensorrt")

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import TargetError
-from pipeline.schema import dataclass_from_table
 from pipeline.targets import target_from_toml
+from pipeline.targets.schema import dataclass_from_table
 
-from .conftest import write_target
+from ..conftest import write_target
 
 
 @dataclasses.dataclass(frozen=True)
