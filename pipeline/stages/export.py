@@ -89,6 +89,12 @@ UNSUPPORTED_GENERATION = {
 }
 
 
+def _failed(what: str, err: Exception) -> ExportError:
+    """One line for an exporter's failure: what could not be done, the exception's type and first line."""
+    first = (str(err).splitlines() or [""])[0]
+    return ExportError(f"{what} ({type(err).__name__}: {first})")
+
+
 def generation_settings(checkpoint: Checkpoint, tokenizer) -> dict:
     """The end-of-sequence ids and sampling defaults of the checkpoint's generation_config.json."""
     from transformers import AutoConfig, GenerationConfig
@@ -227,11 +233,8 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
                 trust_remote_code=False,
             )
         except Exception as err:  # optimum and torch raise many types; all mean the same to the user
-            first = (str(err).splitlines() or [""])[0]
-            raise ExportError(
-                f"optimum could not export {checkpoint.path} for text generation with a KV cache "
-                f"({type(err).__name__}: {first})"
-            ) from None
+            what = f"optimum could not export {checkpoint.path} for text generation with a KV cache"
+            raise _failed(what, err) from None
     graph = load_graph(scratch / "model.onnx")
     sliced = last_token_logits(graph)
     attention = _fused_attention(graph, model, arch, checkpoint.max_length)
@@ -299,11 +302,8 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
                 do_constant_folding=True,
             )
         except Exception as err:  # torch raises many types while tracing; all mean the same to the user
-            first = (str(err).splitlines() or [""])[0]
-            raise ExportError(
-                f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task} "
-                f"({type(err).__name__}: {first})"
-            ) from None
+            what = f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task}"
+            raise _failed(what, err) from None
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     try:
         input_names = graph_inputs(session, offered)
