@@ -75,7 +75,10 @@ def main(spec_path: str, result_path: str) -> None:
     """Start the cluster, run the fleet, record what happened, stop the cluster."""
     spec = json.loads(Path(spec_path).read_text())
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    # A multi-node cluster (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 would refuse the worker), token auth on.
+    os.environ.update(
+        RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1"
+    )
     os.environ.pop("RAY_ADDRESS", None)
     # /proc/net/dev lists the interfaces of this process's namespace (sysfs may still show the host's).
     lines = Path("/proc/net/dev").read_text().splitlines()[2:]

@@ -2,6 +2,7 @@
 inside a network namespace that has only loopback (tests/fleet_cluster.py)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,9 @@ def _run_cluster(tmp_path: Path, spec: dict) -> dict:
         capture_output=True,
         text=True,
         timeout=900,
+        # Ray settings an earlier test left in this process (Serve's loopback-only, single-node mode) are not the
+        # cluster's.
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads((tmp_path / "result.json").read_text())
