@@ -11,10 +11,10 @@ query_pre_attn_scalar 256, embeddings scaled by sqrt(hidden), per-head RMSNorm o
 
 from __future__ import annotations
 
-import shutil
 import sys
-import uuid
 from pathlib import Path
+
+from .smollm2 import checkpoint_from_gguf
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = REPO / ".cache" / "gemma3"
@@ -35,25 +35,8 @@ def gguf_path() -> Path:
 
 
 def make(out: Path = DEFAULT) -> Path:
-    """The converted checkpoint at `out`, converting it first if it is not there (written aside, renamed in)."""
-    out = Path(out)
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = gguf_path()
-    scratch = out.parent / f".{out.name}.{uuid.uuid4().hex}"
-    scratch.mkdir(parents=True)
-    try:
-        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name).save_pretrained(scratch)
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-        model.save_pretrained(scratch)
-        shutil.rmtree(out, ignore_errors=True)
-        scratch.rename(out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return out
+    """The converted Gemma 3 checkpoint at `out`, converting it first if it is not there."""
+    return checkpoint_from_gguf(gguf_path, out)
 
 
 if __name__ == "__main__":

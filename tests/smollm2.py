@@ -34,15 +34,16 @@ def gguf_path() -> Path:
     return path
 
 
-def make(out: Path = DEFAULT) -> Path:
-    """The converted checkpoint at `out`, converting it first if it is not there (written aside, renamed in)."""
+def checkpoint_from_gguf(locate, out: Path) -> Path:
+    """The checkpoint transformers converts from the GGUF file `locate()` returns, at `out` (converted only where
+    it is not there yet; written aside, then renamed in)."""
     out = Path(out)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_path()
+    source = locate()
     scratch = out.parent / f".{out.name}.{uuid.uuid4().hex}"
     scratch.mkdir(parents=True)
     try:
@@ -54,6 +55,11 @@ def make(out: Path = DEFAULT) -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def make(out: Path = DEFAULT) -> Path:
+    """The converted SmolLM2 checkpoint at `out`, converting it first if it is not there."""
+    return checkpoint_from_gguf(gguf_path, out)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,22 @@ def _targets(tmp_path: Path, classes=(OWN, OTHER)) -> list[str]:
     ]
 
 
+def _spec(model: Path, texts_file: Path, targets: list[str], tmp_path: Path, **extra) -> dict:
+    """What tests/fleet_cluster.py runs: `model` for `targets`, the head holding this host's class and the worker
+    another, with `extra` settings (missing_target, kill_worker)."""
+    return {
+        "models": [str(model)],
+        "targets": targets,
+        "head_resource": f"kernel_class:{OWN}",
+        "worker_resource": f"kernel_class:{OTHER}",
+        "artifacts_dir": str(tmp_path / "a"),
+        "cache_dir": str(tmp_path / "c"),
+        "validation": str(texts_file),
+        "calibration": str(texts_file),
+        **extra,
+    }
+
+
 def _run_cluster(tmp_path: Path, spec: dict) -> dict:
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = subprocess.run(
@@ -100,20 +116,8 @@ def _run_cluster(tmp_path: Path, spec: dict) -> dict:
 @needs_namespace
 def test_a_two_target_fleet_runs_each_target_on_the_node_of_its_class(tiny_bert, texts_file, tmp_path):
     targets = _targets(tmp_path)
-    result = _run_cluster(
-        tmp_path,
-        {
-            "models": [str(tiny_bert)],
-            "targets": targets,
-            "head_resource": f"kernel_class:{OWN}",
-            "worker_resource": f"kernel_class:{OTHER}",
-            "artifacts_dir": str(tmp_path / "a"),
-            "cache_dir": str(tmp_path / "c"),
-            "validation": str(texts_file),
-            "calibration": str(texts_file),
-            "missing_target": _targets(tmp_path, [MISSING])[0],
-        },
-    )
+    spec = _spec(tiny_bert, texts_file, targets, tmp_path, missing_target=_targets(tmp_path, [MISSING])[0])
+    result = _run_cluster(tmp_path, spec)
     # A class no node advertises is a one-line error before any work.
     assert result["missing"].startswith(f"the cluster at 127.0.0.2:6391 has no node with kernel_class:{MISSING}")
     holder = {r: n["id"] for n in result["nodes"] for r in n["resources"] if r.startswith("kernel_class:")}
@@ -133,20 +137,7 @@ def test_a_two_target_fleet_runs_each_target_on_the_node_of_its_class(tiny_bert,
 @needs_namespace
 def test_killing_the_worker_mid_build_still_publishes_once_it_is_back(tiny_bert, texts_file, tmp_path):
     targets = _targets(tmp_path)[1:]  # the target whose class only the worker has
-    result = _run_cluster(
-        tmp_path,
-        {
-            "models": [str(tiny_bert)],
-            "targets": targets,
-            "head_resource": f"kernel_class:{OWN}",
-            "worker_resource": f"kernel_class:{OTHER}",
-            "artifacts_dir": str(tmp_path / "a"),
-            "cache_dir": str(tmp_path / "c"),
-            "validation": str(texts_file),
-            "calibration": str(texts_file),
-            "kill_worker": True,
-        },
-    )
+    result = _run_cluster(tmp_path, _spec(tiny_bert, texts_file, targets, tmp_path, kill_worker=True))
     assert result["restarted"].get("back_at"), result
     [row] = result["rows"]
     assert row["status"] == "published", row

@@ -10,6 +10,7 @@ import transformers
 
 from pipeline.architectures import ARCHITECTURES
 from pipeline.build import build
+from pipeline.runtime import artifact as artifact_schema
 from pipeline.runtime import load
 from pipeline.tasks import TASKS
 
@@ -79,6 +80,8 @@ def test_every_table_row_has_a_test():
     assert set(TESTED_ENCODERS) | set(TESTED_DECODERS) == set(ARCHITECTURES)
     assert {a for a in ARCHITECTURES if ARCHITECTURES[a].family == "decoder"} == set(TESTED_DECODERS) == set(DECODERS)
     assert set(TESTED_TASKS) == set(TASKS)
+    # The runtime's manifest schema lists the tasks apart (it imports nothing of the build): the two agree.
+    assert set(artifact_schema.TASKS) == set(TASKS)
 
 
 def _build_fp32(folder: Path, data: tuple[Path, Path], tmp_path: Path, task: str | None = None):

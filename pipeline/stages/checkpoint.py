@@ -86,7 +86,7 @@ def _task_from_head(config: dict, pooling: dict | None) -> str | None:
     return None if task == "fill-mask" and pooling is not None else task
 
 
-def _max_length(folder: Path, config: dict, target: Target) -> int:
+def _max_length(folder: Path, config: dict, offset: int, target: Target) -> int:
     limits = []
     st_config = folder / "sentence_bert_config.json"
     if st_config.exists():
@@ -97,7 +97,7 @@ def _max_length(folder: Path, config: dict, target: Target) -> int:
     # GPT-2 style configs call it n_positions.
     positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
     # RoBERTa-style position ids start after the padding index.
-    limits.append(positions - architecture_for(config, folder).position_offset)
+    limits.append(positions - offset)
     limits.append(target.shapes.max_sequence_length)
     return min(n for n in limits if n > 0)
 
@@ -144,7 +144,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         task=task,
         config=config,
         pooling=pooling if task == "feature-extraction" else None,
-        max_length=_max_length(folder, config, target),
+        max_length=_max_length(folder, config, arch.position_offset, target),
     )
     record = StageRecord(
         name="checkpoint",
