@@ -4,6 +4,7 @@ artifacts that load and match PyTorch, and the host's kernel class on record."""
 import json
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -14,7 +15,8 @@ from pipeline.errors import AccuracyError, ArtifactError, TargetError
 from pipeline.reference import checkpoint_from_source, pytorch_outputs
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.candidates import judge_candidates
+from pipeline.stages.candidates import CannotWin, Screen, judge_candidates
+from pipeline.stages.publish import TIMED
 from pipeline.stages.search import _no_winner, choose
 from pipeline.targets import Accuracy, Candidate, load_target, native_target
 
@@ -55,15 +57,15 @@ def test_search_reports_every_candidate_and_chooses_the_fastest_that_passed(sear
     metrics = searched.stage("search").metrics
     rows = metrics["candidates"]
     assert [r["name"] for r in rows] == [c.name for c in load_target("cpu-avx2").family_candidates("encoder")]
-    timed = [r for r in rows if r["status"] in ("passed", "missed")]
-    assert timed and all(set(r["latency_ms"]) == {"batch_1", "batch_32", "mixed_32"} for r in timed)
+    passed = [r for r in rows if r["status"] == "passed"]
+    assert passed and all(set(r["latency_ms"]) == {"batch_1", "batch_32", "mixed_32"} for r in passed)
+    assert all(r["latency_ms"] is None for r in rows if r["status"] != "passed")  # only what could win is timed
+    assert all(r["build_seconds"] > 0 and r["timing_seconds"] > 0 for r in passed)
     assert_chosen_is_the_fastest_that_passed_held_out(rows)
     assert metrics["chosen"] == next(r["name"] for r in rows if r["chosen"])
     folder = REPO / searched.published["path"]
     published = json.loads((folder / "manifest.json").read_text())
-    untimed = [
-        {k: v for k, v in r.items() if k not in ("latency_ms", "latency_range_ms", "build_seconds")} for r in rows
-    ]
+    untimed = [{k: v for k, v in r.items() if k not in TIMED} for r in rows]
     assert published["candidates"] == untimed and published["backend"] == metrics["backend"]
     assert published["host"]["kernel_class"] == kernel_class()
 
@@ -227,3 +229,40 @@ def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_f
     refused, unreadable = rows[0]["reason"], rows[1]["reason"]
     assert refused.startswith(("Fail: ", "InvalidGraph: ", "NotImplemented: ")) and "NoSuchOperator" in refused
     assert unreadable.startswith("FileNotFoundError: [Errno 2]") and "\n" not in refused + unreadable
+
+
+def _sleeping_screen(passed: dict) -> Screen:
+    """A screen over "models" that are seconds to sleep at each of two shapes: {shape: seconds}."""
+    screen = Screen(lambda _: {shape: (lambda m, s=shape: lambda: time.sleep(m[s])) for shape in ("b1", "b8")})
+    screen.passed.update(passed)
+    return screen
+
+
+def test_screen_drops_a_candidate_slower_at_every_shape_and_keeps_one_faster_at_any():
+    screen = _sleeping_screen({"fast": {"b1": 0.002, "b8": 0.004}})
+    with pytest.raises(CannotWin, match="slower than fast, which passed, at b1, b8") as raised:
+        screen.could_win({"b1": 0.02, "b8": 0.04})
+    assert all(ratio > 3 for ratio in raised.value.ratios.values())
+    screen.could_win({"b1": 0.02, "b8": 0.0005})  # faster at one shape: it could still win on the score
+    Screen(lambda _: {}).could_win({"b1": 1.0})  # nothing passed yet: anything could win
+
+
+def test_candidates_with_a_fallback_are_built_last_and_a_dropped_one_is_a_row_in_target_order():
+    order = []
+    gate = Accuracy(cosine_min=0.99)
+    screen = _sleeping_screen({})
+
+    def make(candidate):
+        order.append(candidate.name)
+        if candidate.quantize == "dynamic":
+            screen.could_win({"b1": 0.02, "b8": 0.04})
+        return "built", {"b1": 0.002, "b8": 0.004}, {"cosine_min": 1.0}, gate, {}
+
+    candidates = [
+        Candidate("int8", "onnxruntime", "int8", quantize="dynamic"),
+        Candidate("fp32", "onnxruntime", "fp32"),
+    ]
+    rows, built = judge_candidates(candidates, frozenset(), "test", make, screen)
+    assert order == ["fp32", "int8"] and [r["name"] for r in rows] == ["int8", "fp32"]
+    assert rows[0]["status"] == "dropped" and "slower than fp32" in rows[0]["reason"] and list(built) == ["fp32"]
+    assert rows[0]["screen_ratios"]["b1"] > 3 and rows[0]["build_seconds"] > 0 and list(screen.passed) == ["fp32"]
