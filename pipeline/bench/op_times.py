@@ -85,6 +85,8 @@ def node_flops(op: str, inputs: list, outputs: list) -> int | None:
 def _ort_precision(op: str, input_types: list[str]) -> str | None:
     if op in _INT8_OPS:
         return "int8"
+    if op == "MatMulNBits":  # int4 or int8 weights, multiplied in fp32 or int8 by its accuracy level
+        return None
     return _PRECISION_OF_TYPE.get(input_types[0]) if input_types else None
 
 

@@ -126,3 +126,10 @@ def test_cli_bench_profile_writes_profile_json_and_prints_the_table(published_fp
     assert result.exit_code == 0, result.output
     assert "| b1 x 128 | gemm |" in result.output and "share of the limit" in result.output
     assert json.loads((tmp_path / "profile.json").read_text())["shapes"][1]["batch"] == 32
+
+
+def test_cli_bench_profile_refuses_a_decoder_in_one_line(published_gpt2, tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(published_gpt2), "--profile", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and not (tmp_path / "profile.json").exists()
+    [line] = result.output.strip().splitlines()
+    assert "is a decoder; --profile profiles encoders" in line
