@@ -97,6 +97,31 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
     return quantize_one
 
 
+def _fewest_passing(attempt, excluded: list, ranked: list, limit: int) -> tuple:
+    """(graph, missed, nodes kept in fp32): the fewest of the `ranked` nodes (most sensitive first, at most `limit`,
+    counts from FALLBACK_STEPS) kept in fp32 besides `excluded` with which `attempt(exclude) -> (graph, missed)`
+    passes. The widest is tried first: where it misses, fewer will not pass and the fallback stops there (its
+    graph is returned); else a bisection over the counts, each node kept only adding accuracy."""
+    counts = sorted({c for c in FALLBACK_STEPS if c < limit} | {limit})
+    widest = excluded + ranked[:limit]
+    graph, missed = attempt(widest)
+    if missed:
+        return graph, missed, widest
+    best = (graph, widest)
+    low, high = -1, len(counts) - 1  # counts[high] passes; counts[low] misses (-1: no nodes kept, which missed)
+    for _ in progress(range(max(len(counts) - 1, 1).bit_length()), "quantize: fallback"):
+        if high - low <= 1:
+            break
+        middle = (low + high) // 2
+        exclude = excluded + ranked[: counts[middle]]
+        graph, failed = attempt(exclude)
+        if failed:
+            low = middle
+        else:
+            high, best = middle, (graph, exclude)
+    return best[0], [], best[1]
+
+
 def _simulated(source: Path, nodes: list, excluded: list, fp32, texts: list, settings, metric: str) -> list | None:
     """Each quantizable node's simulated dynamic int8 error (pipeline.passes.int8_error), most sensitive first, on
     the first SIMULATED_EXAMPLES of `texts`; None where it does not apply (static or weight-only int8, decoders, a
@@ -213,20 +238,17 @@ def int8_with_fallback(
         # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
         # fp32 would publish an fp32 graph under an int8 name.
         limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
-        for step in progress(sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}), "quantize: fallback"):
-            if step < 1:
-                break
-            exclude = excluded + [s["node"] for s in sensitivity[:step]]
-            chosen, missed = attempt(exclude)
-            if not missed or step == limit:
-                excluded = exclude  # the graph kept: the first that passes, else (strict=False) the last tried
-                break
+        if limit >= 1:
+            ranked = [s["node"] for s in sensitivity]
+            chosen, missed, excluded = _fewest_passing(attempt, excluded, ranked, limit)
     if missed and strict:
         raise AccuracyError(
             f"int8 {manifest.model_name} for {target.name} misses its thresholds on the development split even with "
-            f"{candidates[-1]['fp32_nodes']} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
+            f"{len(excluded)} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
             f"Raise quantize.max_fp32_nodes (now {settings.max_fp32_nodes}) or build an fp32 target (cpu-fp32)."
         )
+    for row in candidates:
+        row["chosen"] = row["fp32_nodes"] == len(excluded)
     move_graph(chosen, out / "model.onnx")
     shutil.rmtree(work)
     static = settings.mode == "static"
