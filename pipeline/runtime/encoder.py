@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
-from pipeline.runtime.streams import chunk_plan
+from pipeline.runtime.streams import chunk_cost, chunk_plan
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
 
 
@@ -165,9 +165,9 @@ class Model:
 
         chunks = self.batches(lengths, batch_size, bucketing)
         if self.streams is not None:
-            chunks = chunk_plan(chunks, len(self.streams), self.streams.split_min_rows)
+            chunks = chunk_plan(chunks, len(self.streams), self.streams.split_min_rows, lengths)
         if self.streams is not None and len(chunks) > 1:
-            outs = self.streams.map(run, chunks)
+            outs = self.streams.map(run, chunks, [chunk_cost(chunk, lengths) for chunk in chunks])
         else:
             outs = [run(self.session, chunk) for chunk in chunks]
         for chunk, out in zip(chunks, outs, strict=True):

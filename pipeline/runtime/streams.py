@@ -6,9 +6,10 @@ a batch run side by side, one thread each, keep them busy. The session settings 
     streams          requests run at once (1: every chunk in turn, with all the threads)
     split_min_rows   a chunk of fewer rows is never split (a small one runs faster whole, with all the threads)
 
-    bucketed chunks [32]                    -> plan [16] [16]       (streams 2: two requests of one thread each)
-    bucketed chunks [20] [12] [5] (mixed)   -> plan [20] [12] [5]   (already 2 or more: run 2 at a time)
-    bucketed chunks [1]                     -> plan [1]             (one request, all the threads)
+    bucketed chunks [32]                    -> plan [16] [16]        (streams 2: two requests of one thread each)
+    bucketed chunks [12] [10] [6] (mixed)   -> plan [12] [10] [6]    (none over half the cost: the costliest first)
+    bucketed chunks [3] [29]                -> plan [3] [15] [14]    ([29] held over half the cost)
+    bucketed chunks [1]                     -> plan [1]              (one request, all the threads)
 """
 
 from __future__ import annotations
@@ -30,16 +31,27 @@ def stream_settings(session: dict | None) -> tuple[int, int, int]:
     return streams, max(1, threads // streams), int(session.get("split_min_rows", SPLIT_MIN_ROWS))
 
 
-def chunk_plan(chunks: list[list[int]], streams: int, split_min_rows: int = SPLIT_MIN_ROWS) -> list[list[int]]:
-    """The chunks to run on `streams` workers: while there are fewer chunks than streams, the largest chunk of at
-    least `split_min_rows` (and 2) rows is split in halves in place, its rows kept in order. Pure: the input is not
-    changed."""
+def chunk_cost(chunk: list[int], lengths: list[int] | None = None) -> int:
+    """A chunk's padded size: its rows times its longest row (its rows alone where `lengths` is not given)."""
+    return len(chunk) * (max(lengths[i] for i in chunk) if lengths and chunk else 1)
+
+
+def chunk_plan(
+    chunks: list[list[int]], streams: int, split_min_rows: int = SPLIT_MIN_ROWS, lengths: list[int] | None = None
+) -> list[list[int]]:
+    """The chunks to run on `streams` workers. The costliest chunk (`chunk_cost`) of at least `split_min_rows`
+    (and 2) rows is split in halves in place, its rows kept in order, while there are fewer chunks than streams or
+    it holds more than a stream's share of the whole batch's cost (one worker would finish long after the others).
+    Pure: the input is not changed."""
     plan = [list(chunk) for chunk in chunks]
-    while len(plan) < streams:
+    while streams > 1:
         splittable = [i for i, chunk in enumerate(plan) if len(chunk) >= max(2, split_min_rows)]
         if not splittable:
             break
-        index = max(splittable, key=lambda i: len(plan[i]))  # the first of the largest
+        index = max(splittable, key=lambda i: chunk_cost(plan[i], lengths))  # the first of the costliest
+        share = sum(chunk_cost(chunk, lengths) for chunk in plan) / streams
+        if len(plan) >= streams and chunk_cost(plan[index], lengths) <= share:
+            break
         chunk = plan[index]
         half = (len(chunk) + 1) // 2
         plan[index : index + 1] = [chunk[:half], chunk[half:]]
@@ -71,8 +83,9 @@ class StreamPool:
     def __len__(self) -> int:
         return len(self.sessions)
 
-    def map(self, work: Callable, chunks: list) -> list:
-        """[work(session, chunk) for each chunk], run on the free sessions concurrently, in the chunks' order."""
+    def map(self, work: Callable, chunks: list, costs: list | None = None) -> list:
+        """[work(session, chunk) for each chunk], run on the free sessions concurrently, the costliest first (so a
+        long chunk does not start last and leave the other workers idle), returned in the chunks' order."""
 
         def one(chunk):
             session = self._free.get()
@@ -81,4 +94,6 @@ class StreamPool:
             finally:
                 self._free.put(session)
 
-        return list(self._executor.map(one, chunks))
+        order = sorted(range(len(chunks)), key=lambda i: -costs[i]) if costs else list(range(len(chunks)))
+        outs = dict(zip(order, self._executor.map(one, [chunks[i] for i in order]), strict=True))
+        return [outs[i] for i in range(len(chunks))]

@@ -11,18 +11,29 @@ from pipeline.runtime import load
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
-from pipeline.runtime.streams import StreamPool, chunk_plan
+from pipeline.runtime.streams import StreamPool, chunk_cost, chunk_plan
 
 from ..conftest import SMALL_TEXTS
 
 
-def test_chunk_plan_splits_the_largest_chunk_in_halves_until_there_is_one_per_stream():
-    chunks = [[0, 1, 2], list(range(3, 35))]
-    assert chunk_plan(chunks, 1) == chunks
-    assert chunk_plan(chunks, 2) == chunks  # two chunks already: none is split
-    assert chunk_plan(chunks, 3) == [[0, 1, 2], list(range(3, 19)), list(range(19, 35))]
+def test_chunk_plan_splits_the_costliest_chunk_in_halves_until_there_is_one_per_stream():
+    assert chunk_plan([list(range(32))], 1) == [list(range(32))]
+    assert chunk_plan([list(range(32))], 2) == [list(range(16)), list(range(16, 32))]
     assert chunk_plan([list(range(32))], 4, 8) == [list(range(i, i + 8)) for i in range(0, 32, 8)]
     assert chunk_plan([list(range(9))], 2, 8) == [list(range(5)), list(range(5, 9))]
+    balanced = [list(range(10)), list(range(10, 20))]
+    assert chunk_plan(balanced, 2) == balanced  # one chunk per stream, neither over half the cost
+
+
+def test_chunk_plan_splits_a_chunk_over_a_streams_share_of_the_cost_when_there_are_enough_chunks():
+    chunks = [[0, 1, 2], list(range(3, 35))]
+    assert chunk_plan(chunks, 2) == [[0, 1, 2], list(range(3, 19)), list(range(19, 35))]
+    # By padded size: 10 short rows (4 tokens) and 10 long ones (40): the long chunk holds 10/11 of the cost.
+    lengths = [4] * 10 + [40] * 10
+    mixed = [list(range(10)), list(range(10, 20))]
+    assert chunk_cost(mixed[1], lengths) == 400
+    assert chunk_plan(mixed, 2, 2, lengths) == [list(range(10)), list(range(10, 15)), list(range(15, 20))]
+    assert chunk_plan(mixed, 2, 2) == mixed  # by rows alone they are even
 
 
 def test_chunk_plan_never_splits_a_chunk_of_fewer_than_split_min_rows_rows():
