@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
+from pipeline.runtime.streams import chunk_cost, chunk_plan
 from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
 
 
@@ -102,9 +103,10 @@ class EncoderInputs:
 
 class Model:
     """A loaded encoder: a tokenizer and a session of one backend (ONNX Runtime, OpenVINO or TensorRT), with the
-    task's input and output handling."""
+    task's input and output handling. `streams`, a pipeline.runtime.streams.StreamPool, runs the chunks of a batch
+    concurrently where there is more than one (see `chunk_plan`); a single chunk runs on `session`."""
 
-    def __init__(self, session, tokenizer_path: Path, spec: dict, backend: str = "onnxruntime"):
+    def __init__(self, session, tokenizer_path: Path, spec: dict, backend: str = "onnxruntime", streams=None):
         import numpy as np
 
         self._np = np
@@ -114,6 +116,7 @@ class Model:
         self.batch_size = int(spec["batch_size"])
         self.session = session
         self.backend = backend
+        self.streams = streams
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.inputs = EncoderInputs(tokenizer_path, spec, self.input_names)
         self.tokenizer = self.inputs.tokenizer
@@ -152,12 +155,22 @@ class Model:
         per_token = self.task in ("token-classification", "fill-mask", "question-answering")
         results: list = [None] * len(encodings)
         lengths = [len(e.ids) for e in encodings]
-        for chunk in self.batches(lengths, batch_size, bucketing):
+
+        def run(session, chunk: list[int]):
             feeds = self.feeds([encodings[i] for i in chunk])
             if ids is not None:
                 for row, index in enumerate(chunk):
                     feeds["input_ids"][row, : lengths[index]] = ids[index]
-            out = self.session.run([self.output_name], feeds)[0]
+            return session.run([self.output_name], feeds)[0]
+
+        chunks = self.batches(lengths, batch_size, bucketing)
+        if self.streams is not None:
+            chunks = chunk_plan(chunks, len(self.streams), self.streams.split_min_rows, lengths)
+        if self.streams is not None and len(chunks) > 1:
+            outs = self.streams.map(run, chunks, [chunk_cost(chunk, lengths) for chunk in chunks])
+        else:
+            outs = [run(self.session, chunk) for chunk in chunks]
+        for chunk, out in zip(chunks, outs, strict=True):
             for row, index in enumerate(chunk):
                 results[index] = out[row, : lengths[index]] if per_token else out[row]
         return results if per_token else np.stack(results)

@@ -42,7 +42,8 @@ def open_model(
     backend: str = "onnxruntime",
 ):
     """The runtime object for a graph: a Generator for text generation, else a Model over the backend's session
-    (`engine`, a TensorRT plan of that graph, runs on TensorRT)."""
+    (`engine`, a TensorRT plan of that graph, runs on TensorRT) and, where the session settings ask for streams,
+    the sessions a split batch runs on (pipeline.runtime.streams)."""
     from pipeline.runtime.encoder import Model
 
     if spec["task"] == "text-generation":
@@ -53,13 +54,18 @@ def open_model(
         from pipeline.runtime.backends.tensorrt import TensorRTSession
 
         return Model(TensorRTSession(engine), tokenizer_path, spec, "tensorrt")
+    from pipeline.runtime.streams import stream_pool
+
     if backend == "openvino":
         from pipeline.runtime.backends.openvino import OpenVINOSession
 
-        return Model(OpenVINOSession(graph_path, session), tokenizer_path, spec, "openvino")
-    from pipeline.runtime.backends.onnxruntime import open_session
+        ov_session = OpenVINOSession(graph_path, session)
+        return Model(ov_session, tokenizer_path, spec, "openvino", stream_pool(session, ov_session.stream_sessions))
+    from pipeline.runtime.backends.onnxruntime import open_session, open_stream_sessions
 
-    return Model(open_session(graph_path, session, providers), tokenizer_path, spec, "onnxruntime")
+    full = open_session(graph_path, session, providers)
+    streams = stream_pool(session, lambda: open_stream_sessions(graph_path, session, providers, full))
+    return Model(full, tokenizer_path, spec, "onnxruntime", streams)
 
 
 def _check_arguments(path, strict, intra_op_threads, backend, graph) -> Path:
@@ -82,13 +88,15 @@ def _check_arguments(path, strict, intra_op_threads, backend, graph) -> Path:
 
 
 def session_settings(manifest: dict, intra_op_threads: int | None) -> dict:
-    """The artifact's session settings for this host: a caller's thread count wins; a tuned count is capped at this
-    host's cores (the build host may have had more)."""
+    """The artifact's session settings for this host: a caller's thread count wins; a tuned thread or stream count
+    is capped at this host's cores (the build host may have had more)."""
     session = dict(manifest["session"])
     if intra_op_threads is not None:
         session["intra_op_threads"] = intra_op_threads
     elif int(session.get("intra_op_threads", 0)) > usable_cores():
         session["intra_op_threads"] = usable_cores()
+    if int(session.get("streams", 1)) > usable_cores():
+        session["streams"] = usable_cores()
     return session
 
 

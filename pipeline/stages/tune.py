@@ -1,9 +1,12 @@
-"""The tune stage: the ONNX Runtime session on the build host.
+"""The tune stage: the session of the chosen backend (ONNX Runtime or OpenVINO) on the build host.
 
-Times the validated graph under each candidate thread count and execution mode of the target, at batch 1 and at
-the target's batch size (decoders: a short greedy generation at the target's generation batch sizes),
-alternating candidates run by run, and records the fastest; the loader uses it unless
-the caller overrides. Cached per graph and host (CPU flags and core count), since the answer is the host's.
+Times the validated graph under each candidate (threads, streams, execution mode) of the target, alternating
+candidates run by run, and records the fastest; the loader uses it unless the caller overrides. Encoders are timed
+end to end at batch 1, at the target's batch size in one length and on a mixed-length batch of that size (the
+shapes batch parallelism is for: see pipeline.runtime.streams); decoders on a short greedy generation at the
+target's generation batch sizes, on one stream. Streams of 2 are tried where the host has 2 usable cores or more,
+each stream with an equal share of the candidate's threads. Cached per graph and host (CPU flags and core count),
+since the answer is the host's.
 """
 
 from __future__ import annotations
@@ -17,56 +20,84 @@ from pipeline.data import read_texts
 from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
+from pipeline.runtime.streams import SPLIT_MIN_ROWS
 from pipeline.targets import Target
 from pipeline.timing import alternate, relative_scores
 
-VERSION = 2
+VERSION = 3
+BACKENDS = ("onnxruntime", "openvino")
+CANDIDATE_STREAMS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class TuneConfig:
     """The session candidates to time, and the workloads they are timed on."""
 
+    backend: str
     candidate_threads: tuple[int, ...]
     candidate_execution_modes: tuple[str, ...]
+    candidate_streams: tuple[int, ...]
+    split_min_rows: int
     batch_size: int
     generation_batch_sizes: tuple[int, ...] | None
 
 
 # The answer is this machine's: its cores and flags are part of the key.
-STAGE = StageSpec("tune", VERSION, TuneConfig, ("onnxruntime", "numpy"), host="machine", runtime_code=True)
+STAGE = StageSpec("tune", VERSION, TuneConfig, ("onnxruntime", "openvino", "numpy"), host="machine", runtime_code=True)
 
 REPS = 5
 DECODE_STEPS = 8
+# What the published session takes from the winner, beside split_min_rows.
+PLAN = ("intra_op_threads", "execution_mode", "streams")
 
 
-def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
+def candidates(config: TuneConfig, default_threads: int, default_mode: str, cores: int) -> list[dict]:
+    """The (threads, execution mode, streams) sessions to time on a host of `cores` usable cores: no more threads
+    than cores (they only contend), no more streams than threads (each stream runs on one thread at least; 0
+    threads is every core), execution modes for ONNX Runtime only (OpenVINO has none)."""
+    threads = [t for t in config.candidate_threads if t <= cores] or [default_threads]
+    modes = config.candidate_execution_modes if config.backend == "onnxruntime" else ()
+    found = []
+    for t, m, s in itertools.product(threads, modes or (default_mode,), config.candidate_streams):
+        if s <= (t or cores):
+            found.append({"intra_op_threads": t, "execution_mode": m, "streams": s})
+    return found
+
+
+def workloads(texts: list[str], batch: int) -> dict:
+    """The encoder workloads: batch 1; `batch` rows of one length (the median text repeated, so one chunk that
+    streams can split); and a mixed-length batch of `batch` built as the search builds it (bucketed into chunks
+    of different lengths)."""
+    by_length = sorted(texts, key=len)
+    mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
+    return {"batch_1": texts[:1], f"batch_{batch}": [by_length[len(by_length) // 2]] * batch, f"mixed_{batch}": mixed}
+
+
+def _tune(manifest: Manifest, target: Target, config: TuneConfig, texts: list[str]) -> dict:
     export = manifest.stage("export")
     spec = runtime_spec(manifest, target)
-    path = manifest.last_model().output("model.onnx")
-    base = dataclasses.asdict(target.runtime)
+    chosen = manifest.chosen()
+    path = manifest.graphs()[chosen["graph"]]
+    base = {**dataclasses.asdict(target.runtime), **chosen["session"], "split_min_rows": config.split_min_rows}
     cores = usable_cores()
-    # More threads than cores only contend; a tuned count must hold on the build host.
-    threads = [t for t in target.runtime.candidate_threads if t <= cores] or (target.runtime.intra_op_threads,)
-    modes = target.runtime.candidate_execution_modes or (target.runtime.execution_mode,)
-    candidates = [{"intra_op_threads": t, "execution_mode": m} for t, m in itertools.product(threads, modes)]
-    models = [open_model(path, export.output("tokenizer.json"), spec, session={**base, **c}) for c in candidates]
-    if export.metrics["spec"]["task"] == "text-generation":
-        sizes = target.generation.speed_batch_sizes
-
+    tried = candidates(config, target.runtime.intra_op_threads, target.runtime.execution_mode, cores)
+    tokenizer = export.output("tokenizer.json")
+    models = [open_model(path, tokenizer, spec, session={**base, **c}, backend=config.backend) for c in tried]
+    if config.generation_batch_sizes is not None:
         # A short greedy generation: one prompt step and DECODE_STEPS - 1 single-token steps.
         def work(model, batch):
             return model.generate(batch, max_new_tokens=DECODE_STEPS, do_sample=False, eos=False)
 
+        loads = {f"batch_{n}": texts[:n] for n in config.generation_batch_sizes}
     else:
-        sizes = (1, target.shapes.batch_size)
 
         def work(model, batch):
             return model.run(batch)
 
-    workloads = {f"batch_{n}": texts[:n] for n in sizes}
-    tried = [{**c, "ms": {}} for c in candidates]
-    for name, batch in workloads.items():
+        loads = workloads(texts, config.batch_size)
+    for entry in tried:
+        entry["ms"] = {}
+    for name, batch in loads.items():
         runners = {index: (lambda b, model=model: work(model, b)) for index, model in enumerate(models)}
         times = alternate(runners, batch, REPS)
         for index, entry in enumerate(tried):
@@ -76,21 +107,28 @@ def _tune(manifest: Manifest, target: Target, texts: list[str]) -> dict:
         entry["score"] = scores[index]
     best = min(tried, key=lambda e: e["score"])
     return {
-        "best": {k: best[k] for k in ("intra_op_threads", "execution_mode")},
+        "best": {**{k: best[k] for k in PLAN}, "split_min_rows": config.split_min_rows},
         "tried": tried,
         "host_cores": cores,
+        "backend": config.backend,
     }
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:
-    """Time the target's session candidates on this host and record the fastest (CPU targets only)."""
-    if target.device != "cpu" or manifest.chosen()["backend"] != "onnxruntime":
+    """Time the target's session candidates on this host and record the fastest (CPU targets on ONNX Runtime or
+    OpenVINO)."""
+    backend = manifest.chosen()["backend"]
+    if target.device != "cpu" or backend not in BACKENDS:
         return manifest
     texts = read_texts(manifest.validation_path, "validation")
     decoder = manifest.checkpoint.task == "text-generation"
     config = TuneConfig(
+        backend=backend,
         candidate_threads=target.runtime.candidate_threads,
         candidate_execution_modes=target.runtime.candidate_execution_modes,
+        # Decoders run one request at a time (a KV cache per sequence); streams are for encoder batches.
+        candidate_streams=(1,) if decoder or usable_cores() < 2 else CANDIDATE_STREAMS,
+        split_min_rows=SPLIT_MIN_ROWS,
         batch_size=target.shapes.batch_size,
         generation_batch_sizes=target.generation.speed_batch_sizes if decoder else None,
     )
@@ -99,6 +137,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         STAGE,
         config,
         {"graph": manifest.last_model().key},
-        lambda out: _tune(manifest, target, texts),
+        lambda out: _tune(manifest, target, config, texts),
     )
     return manifest.with_stage(record)

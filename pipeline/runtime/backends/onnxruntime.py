@@ -36,6 +36,25 @@ def open_session(onnx_path: Path, session: dict | None, providers=None):
         ) from None
 
 
+def open_stream_sessions(onnx_path: Path, session: dict | None, providers=None, full=None) -> list:
+    """The sessions the streams of a split batch run on (see pipeline.runtime.streams), one per stream, each with
+    its share of the threads. `full`, the session with all the threads, is reused where its share is all of them.
+
+    A one-thread session runs each call on its caller's thread with no pool, so the streams share one such session
+    (one copy of the weights beside `full`'s). Concurrent runs of one wider session share its intra-op pool and wait
+    on each other's parallel sections (on 2 cores no faster than one request: docs/runtime.md), so wider streams get
+    a session each. ONNX Runtime's Python API cannot share pre-packed weights between sessions (no
+    PrepackedWeightsContainer; add_initializer shares only the raw initializers), so each session holds its own."""
+    from pipeline.runtime.streams import stream_settings
+
+    streams, per_stream, _ = stream_settings(session)
+    settings = {**(session or {}), "intra_op_threads": per_stream}
+    if per_stream == 1:
+        reusable = full is not None and full.get_session_options().intra_op_num_threads == 1
+        return [full if reusable else open_session(onnx_path, settings, providers)] * streams
+    return [open_session(onnx_path, settings, providers) for _ in range(streams)]
+
+
 def ort_gpu_providers(manifest: dict, cache_dir: Path, available: list[str]) -> list:
     """ONNX Runtime providers for a TensorRT target's graph, of those `available`: the TensorRT provider (engine
     and timing caches in the artifact's engine cache, the target's profiles and settings), then CUDA, then CPU.

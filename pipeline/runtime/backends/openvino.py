@@ -2,7 +2,13 @@
 (`pip install pipeline[openvino]`); it is imported only when an OpenVINO artifact is loaded.
 
 The artifact's session settings carry the compile config the build chose: the inference precision (f32, or bf16
-on hosts with AVX512-BF16 or AMX) and the thread count.
+on hosts with AVX512-BF16 or AMX), the thread count and the streams (pipeline.runtime.streams).
+
+With streams S > 1 the model is compiled twice: once as a single stream with every thread (a chunk that is not
+split runs on it), and once with NUM_STREAMS = S sharing those threads, for the halves of a split batch. One
+request on a multi-stream compile gets only its stream's threads (measured on 2 cores: batch 1 twice as slow),
+and the CPU plugin shares repacked weights only between the streams of one compiled model, not between compiled
+models: streams cost a second copy of the weights, as ONNX Runtime's do.
 """
 
 from __future__ import annotations
@@ -39,18 +45,53 @@ def compile_config(session: dict | None) -> dict:
     return config
 
 
+def stream_config(session: dict | None) -> dict:
+    """OpenVINO CPU properties of the multi-stream compile: NUM_STREAMS streams sharing the session's threads."""
+    from pipeline.runtime.streams import stream_settings
+
+    streams, per_stream, _ = stream_settings(session)
+    config = {**compile_config(session), "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": str(streams)}
+    config["INFERENCE_NUM_THREADS"] = str(streams * per_stream)
+    return config
+
+
+class _Request:
+    """One infer request of a compiled model behind the session interface's `run`; one caller at a time."""
+
+    def __init__(self, request):
+        self.request = request
+
+    def run(self, output_names, feeds: dict) -> list:
+        results = self.request.infer(feeds)
+        by_name = {port.get_any_name(): value for port, value in results.items()}
+        return [by_name[name].copy() for name in output_names]
+
+
 class OpenVINOSession:
     """A compiled OpenVINO model with onnxruntime.InferenceSession's `get_inputs`, `get_outputs` and `run`.
 
-    One infer request, calls serialized: the CPU plugin already spreads one request over the session's threads."""
+    One infer request, calls serialized: the CPU plugin already spreads one request over the session's threads.
+    `stream_sessions()` gives the requests a split batch runs on, where the session settings ask for streams."""
 
     def __init__(self, graph_path: Path, session: dict | None = None):
         core = openvino_core()
         self.config = compile_config(session)
-        self.compiled = core.compile_model(core.read_model(str(graph_path)), "CPU", self.config)
-        self.request = self.compiled.create_infer_request()
+        model = core.read_model(str(graph_path))
+        self.compiled = core.compile_model(model, "CPU", self.config)
+        self.request = _Request(self.compiled.create_infer_request())
         self._lock = threading.Lock()
         self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self.streamed = None
+        streams = int((session or {}).get("streams", 1))
+        if streams > 1:
+            self.streamed = core.compile_model(model, "CPU", stream_config(session))
+
+    def stream_sessions(self) -> list:
+        """One infer request per stream of the multi-stream compile (empty without one)."""
+        if self.streamed is None:
+            return []
+        count = int(self.streamed.get_property("NUM_STREAMS"))
+        return [_Request(self.streamed.create_infer_request()) for _ in range(count)]
 
     def get_inputs(self) -> list:
         return [
@@ -64,6 +105,4 @@ class OpenVINOSession:
     def run(self, output_names, feeds: dict) -> list:
         names = output_names or [o.name for o in self.get_outputs()]
         with self._lock:
-            results = self.request.infer(feeds)
-            by_name = {port.get_any_name(): value for port, value in results.items()}
-            return [by_name[name].copy() for name in names]
+            return self.request.run(names, feeds)
