@@ -38,25 +38,52 @@ def masked_row(ids: list[int], mask_id: int) -> tuple[list[int], list[int]]:
     return [mask_id if i == middle else token for i, token in enumerate(ids)], [middle]
 
 
-def best_span(logits, sequence_ids: list, max_answer_length: int) -> tuple[int, int, float] | None:
+def best_span(logits, ids: list, sequence_ids: list, max_answer_length: int) -> tuple[int, int, float] | None:
     """The (start, end, score) token span with the highest start + end logit among spans inside the context (the
-    second sequence, or the only one where there is no pair), start <= end, at most `max_answer_length` tokens;
-    the score is the product of the start and end probabilities over the context tokens. None without context."""
+    second sequence, or the only one where there is no pair), start <= end, at most `max_answer_length` tokens.
+    The score is the product of the start and end probabilities of a softmax over the context tokens and the
+    classifier token, as transformers' question-answering pipeline normalizes each window. None without context."""
     import numpy as np
 
     context_id = 1 if 1 in sequence_ids else 0
     context = np.array([s == context_id for s in sequence_ids])
     if not context.any():
         return None
-    start = np.where(context, logits[:, 0], -np.inf)
-    end = np.where(context, logits[:, 1], -np.inf)
+    # transformers keeps the classifier token (the leading special token) in the softmax, since a model may point
+    # at it for "no answer", but never picks it.
+    normalized = context | (np.asarray(ids) == ids[0]) if sequence_ids[0] is None else context
+    start, end = logits[:, 0].astype(np.float64), logits[:, 1].astype(np.float64)
     n = len(sequence_ids)
     offsets = np.arange(n)[None, :] - np.arange(n)[:, None]
-    scores = start[:, None] + end[None, :]
+    scores = np.where(context, start, -np.inf)[:, None] + np.where(context, end, -np.inf)[None, :]
     scores[(offsets < 0) | (offsets >= max_answer_length)] = -np.inf
     i, j = np.unravel_index(int(np.argmax(scores)), scores.shape)
-    p_start, p_end = np.exp(start - start.max()), np.exp(end - end.max())
+    p_start = np.where(normalized, np.exp(start - start[normalized].max()), 0.0)
+    p_end = np.where(normalized, np.exp(end - end[normalized].max()), 0.0)
     return int(i), int(j), float(p_start[i] / p_start.sum() * p_end[j] / p_end.sum())
+
+
+def best_answer(windows: list, logits: list, context: str, max_answer_length: int) -> dict:
+    """The answer over a context's windows, picked as transformers' question-answering pipeline picks it (with
+    align_to_words=False): each window's `best_span`, scored within its window; the same text (ignoring case) found
+    in several windows, as in their overlap, adds up its scores, and the highest score wins, the first on a tie.
+    The dict holds answer (the context's text of the span, through the tokenizer's offsets), start and end
+    (character offsets into the context) and score; no context token at all gives an empty answer with score 0."""
+    found: dict[str, dict] = {}
+    for enc, out in zip(windows, logits, strict=True):
+        span = best_span(out, enc.ids, enc.sequence_ids, max_answer_length)
+        if span is None:
+            continue
+        first, last, score = span
+        start, end = enc.offsets[first][0], enc.offsets[last][1]
+        key = context[start:end].lower()
+        if key in found:
+            found[key]["score"] += score
+        else:
+            found[key] = {"answer": context[start:end], "start": start, "end": end, "score": score}
+    return (
+        max(found.values(), key=lambda a: a["score"]) if found else {"answer": "", "start": 0, "end": 0, "score": 0.0}
+    )
 
 
 class EncoderInputs:
@@ -120,6 +147,11 @@ class Model:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.inputs = EncoderInputs(tokenizer_path, spec, self.input_names)
         self.tokenizer = self.inputs.tokenizer
+        if self.task == "question-answering":
+            import threading
+
+            self._qa_tokenizer = open_tokenizer(tokenizer_path)
+            self._qa_lock = threading.Lock()
         self.output_name = spec["output"]
         outputs = [o.name for o in self.session.get_outputs()]
         if self.output_name not in outputs:
@@ -216,11 +248,22 @@ class Model:
             results.append(masks)
         return results
 
-    def answer(self, questions, contexts, max_answer_length: int = 30, batch_size: int | None = None) -> list[dict]:
-        """Extractive question answering: for each (question, context), the best span of the context (see
-        `best_span`) as a dict of answer (the context's text of that span, through the tokenizer's offsets), start
-        and end (character offsets into the context) and score. A context cut away entirely by truncation gives
-        an empty answer with score 0."""
+    def answer(
+        self,
+        questions,
+        contexts,
+        max_answer_length: int = 30,
+        batch_size: int | None = None,
+        doc_stride: int | None = None,
+    ) -> list[dict]:
+        """Extractive question answering: for each (question, context), the best span of the context as a dict of
+        answer, start and end (character offsets into the context) and score (see `best_answer`).
+
+        A pair longer than the model is cut into windows of the model's length, each holding the whole question
+        and a piece of the context that shares `doc_stride` tokens with the next (None: transformers' default,
+        min(128, max_length // 2), or half the room a question leaves where that default does not fit in it);
+        every window is run and the best span over all of them is taken, so the target's overlong policy does not
+        apply here. A question that leaves no room for context, or a doc_stride not under the room, is refused."""
         self._check_task("question-answering", "answer()")
         questions = check_texts(questions, "answer()")
         contexts = check_texts(contexts, "answer()")
@@ -228,15 +271,50 @@ class Model:
             raise InputError(f"answer() got {len(questions)} questions and {len(contexts)} contexts; pass one each")
         if isinstance(max_answer_length, bool) or not isinstance(max_answer_length, int) or max_answer_length < 1:
             raise InputError(f"answer(max_answer_length={max_answer_length!r}) must be a positive int")
+        if doc_stride is not None and (
+            isinstance(doc_stride, bool) or not isinstance(doc_stride, int) or doc_stride < 1
+        ):
+            raise InputError(
+                f"answer(doc_stride={doc_stride!r}) must be a positive int (the tokens each window of a long context "
+                "shares with the next) or None for the default"
+            )
         batch_size = check_batch_size(batch_size, "answer()") or self.batch_size
-        encodings = self.encode(list(zip(questions, contexts, strict=True)))
-        results = []
-        for enc, logits, context in zip(encodings, self._outputs(encodings, batch_size), contexts, strict=True):
-            span = best_span(logits, enc.sequence_ids, max_answer_length)
-            if span is None:
-                results.append({"answer": "", "start": 0, "end": 0, "score": 0.0})
-                continue
-            first, last, score = span
-            start, end = enc.offsets[first][0], enc.offsets[last][1]
-            results.append({"answer": context[start:end], "start": start, "end": end, "score": score})
+        windows = self._windows(questions, contexts, doc_stride)
+        logits = self._outputs([w for pair in windows for w in pair], batch_size)
+        results, first = [], 0
+        for pair, context in zip(windows, contexts, strict=True):
+            results.append(best_answer(pair, logits[first : first + len(pair)], context, max_answer_length))
+            first += len(pair)
         return results
+
+    def _windows(self, questions: list[str], contexts: list[str], doc_stride: int | None) -> list[list]:
+        """Each (question, context) pair's encodings, one per window: the tokenizer's only_second truncation with a
+        stride, as transformers' question-answering pipeline cuts a long context."""
+        tokenizer = self._qa_tokenizer
+        added = tokenizer.num_special_tokens_to_add(True)
+        # One tokenizer whose truncation is set per call: the lock keeps concurrent calls from mixing settings.
+        with self._qa_lock:
+            tokenizer.no_truncation()
+            strides = []
+            for i, enc in enumerate(tokenizer.encode_batch(questions, add_special_tokens=False)):
+                room = self.max_length - added - len(enc.ids)
+                if room < 1:
+                    raise InputError(
+                        f"answer() question {i} is {len(enc.ids)} tokens, which leaves no room for its context in "
+                        f"the model's {self.max_length} (with {added} special tokens); shorten the question"
+                    )
+                if doc_stride is not None and doc_stride >= room:
+                    raise InputError(
+                        f"answer(doc_stride={doc_stride}) is not under the {room} tokens question {i} leaves for its "
+                        f"context in the model's {self.max_length}; pass doc_stride={room - 1} or less"
+                    )
+                default = min(128, self.max_length // 2)
+                strides.append(doc_stride if doc_stride is not None else default if default < room else room // 2)
+            windows: list = [None] * len(questions)
+            for stride in sorted(set(strides)):
+                chosen = [i for i, s in enumerate(strides) if s == stride]
+                tokenizer.enable_truncation(self.max_length, stride=stride, strategy="only_second")
+                encodings = tokenizer.encode_batch([(questions[i], contexts[i]) for i in chosen])
+                for i, enc in zip(chosen, encodings, strict=True):
+                    windows[i] = [enc, *enc.overflowing]
+        return windows
