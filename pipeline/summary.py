@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.timing import COST
+
 
 def verdict_table(rows: list[dict]) -> str:
     """Each checked metric with its threshold and PASS or FAIL, one line each; a metric the target does not gate
@@ -28,10 +30,13 @@ def candidate_table(search: dict) -> str:
     shapes = next((list(r["latency_ms"]) for r in rows if r.get("latency_ms")), [])
     columns = [(k, label) for k, label in _ACCURACY_COLUMNS if any(k in r for r in rows)] or _ACCURACY_COLUMNS[:1]
     head = f"    {'candidate':<20} {'status':<8} " + " ".join(f"{label:>8}" for _, label in columns)
-    lines = [head + " " + " ".join(f"{s + ' ms':>12}" for s in shapes)]
+    costs = any(row.get(k) is not None for row in rows for k in COST)
+    lines = [head + " " + " ".join(f"{s + ' ms':>12}" for s in shapes) + (f" {'cost s':>8}" if costs else "")]
     for row in rows:
         scores = " ".join(f"{row[k]:>8.4f}" if k in row else f"{'-':>8}" for k, _ in columns)
         times = " ".join(f"{(row.get('latency_ms') or {}).get(s, float('nan')):>12.2f}" for s in shapes)
+        if costs:
+            times += f" {sum(row.get(k) or 0 for k in COST):>8.1f}"
         mark = "  <- chosen" if row.get("chosen") else f"  ({row['reason']})" if row.get("reason") else ""
         if row.get("bisection"):
             wide = row.get("wide_layers")

@@ -14,6 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+# Session settings of every timed ONNX Runtime model: variants alternate, and a spinning pool would take the cores
+# of the next one.
+NO_SPINNING = {"allow_spinning": False}
+# The seconds a search spends on each candidate, by row field: building and judging it (its screen and fallback
+# included), timing it, its held-out check.
+COST = ("build_seconds", "timing_seconds", "held_out_seconds")
 PYTORCH = "pytorch-generate"
 ARTIFACT = "artifact"
 
@@ -62,9 +68,15 @@ def time_alternating(runners: dict, feeds, budget_s: float, min_reps: int, max_r
 
 
 def time_until_stable(
-    runners: dict, feeds, min_rounds: int, max_rounds: int, spread: float = 0.10, budget_s: float = 60.0
+    runners: dict,
+    feeds,
+    min_rounds: int,
+    max_rounds: int,
+    spread: float = 0.10,
+    budget_s: float = 60.0,
+    warmups: int = 2,
 ) -> dict:
-    """Rounds (after two warm-ups each) until every variant's p10-p90 spread is within `spread` of its median, or
+    """Rounds (after `warmups` each) until every variant's p10-p90 spread is within `spread` of its median, or
     `max_rounds`, or (past `min_rounds`) `budget_s` seconds; returns {variant: {"ms": [...], "noisy": bool}}."""
     started = time.perf_counter()
 
@@ -72,7 +84,7 @@ def time_until_stable(
         stable = all(relative_spread(v) <= spread for v in times.values())
         return done >= min_rounds and (stable or time.perf_counter() - started > budget_s)
 
-    times = alternate(runners, feeds, max_rounds, warmups=2, stop=settled)
+    times = alternate(runners, feeds, max_rounds, warmups=warmups, stop=settled)
     return {name: {"ms": values, "noisy": relative_spread(values) > spread} for name, values in times.items()}
 
 

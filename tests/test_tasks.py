@@ -14,7 +14,7 @@ from pipeline.runtime import artifact as artifact_schema
 from pipeline.runtime import load
 from pipeline.tasks import TASKS
 
-from .tiny import DECODERS, HEADS, make_checkpoint, make_decoder
+from .tiny import DECODERS, HEADS, make_checkpoint, make_decoder, make_sentence_transformer
 
 # What ORT's BERT optimizer fuses in each tiny 2-layer encoder; the families it does not know get the generic
 # passes (constant folding, dead-node removal) and no fusion. DistilBERT's attention and the second application
@@ -128,6 +128,28 @@ def test_build_each_encoder_matches_transformers_at_fp32_and_reports_its_passes(
     assert optimize["fused"] == ENCODER_FUSIONS[model_type]
     assert optimize["passes"] == ("onnxruntime bert fusions" if ENCODER_FUSIONS[model_type] else "generic")
     assert optimize["nodes_after"] < optimize["nodes_before"]
+
+
+@pytest.mark.parametrize(
+    ("dense", "normalize"),
+    [(((16, "Tanh"),), True), (((24, "GELU"), (16, "Identity")), False)],
+    ids=["dense-tanh-normalize", "two-dense-unnormalized"],
+)
+def test_sentence_transformer_with_dense_modules_embeds_as_sentence_transformers_does(
+    dense, normalize, texts_file, calibration_file, tmp_path
+):
+    from sentence_transformers import SentenceTransformer
+
+    folder = make_sentence_transformer(tmp_path / "st-dense", dense=dense, normalize=normalize)
+    manifest = _build_fp32(folder, (texts_file, calibration_file), tmp_path)
+    assert [d["out_features"] for d in manifest.checkpoint.pooling["dense"]] == [out for out, _ in dense]
+    texts = ["first text", "and the second one, a little longer than the first"]
+    got = load(manifest.published["path"]).run(texts)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(texts, convert_to_numpy=True)
+    assert got.shape == expected.shape == (2, dense[-1][0])
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() > 0.99999 and np.abs(got - expected).max() < 1e-4
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5) == normalize
 
 
 def test_fill_mask_artifact_predicts_what_transformers_predicts(texts_file, calibration_file, tmp_path):

@@ -88,6 +88,26 @@ def make_checkpoint(folder: Path, model_type: str = "bert", task: str = "feature
     return folder
 
 
+def make_sentence_transformer(
+    folder: Path, dense: tuple[tuple[int, str], ...] = ((16, "Tanh"),), normalize: bool = True, seed: int = 0
+) -> Path:
+    """Save, with sentence-transformers' own classes, a tiny random BERT under mean pooling, then a Dense module of
+    each (out_features, torch.nn activation) in `dense`, then Normalize where asked."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(make_checkpoint(folder.parent / f"{folder.name}-hf", "bert", seed=seed)))
+    width = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(width, "mean")]
+    torch.manual_seed(seed + 1)
+    for out, activation in dense:
+        modules.append(Dense(width, out, activation_function=getattr(torch.nn, activation)()))
+        width = out
+    SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu").save(str(folder))
+    return folder
+
+
 DECODER_VOCAB = 512
 # Per family: the transformers config class, the tokenizer class, its special tokens, and config settings.
 _GEMMA = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True}

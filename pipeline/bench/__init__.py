@@ -4,6 +4,7 @@ encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact
 serving.py      direct calls, the Batcher, Triton and Ray Serve at 1, 8 and 32 concurrent callers
 generation.py   decoders: time to first token and decode tokens/s against transformers' generate
 calibration.py  peak memory of static calibration
+profile.py      per-op time by class against the host's GEMM limit (op_times.py: the engines' profilers; gemm_limit.py)
 plot.py, common.py
 """
 

@@ -19,7 +19,9 @@ class Job:
     """What one build of a candidate works with: the build so far (`manifest`), its `target`, the empty-to-be
     `work` folder, and, for encoder recipes that calibrate or judge as they build, `texts` ({"calibration",
     "development"}) and PyTorch's outputs on the development texts (`reference`). `wide`: MatMul nodes a
-    weight-only build keeps at the target's head bits (layer bisection)."""
+    weight-only build keeps at the target's head bits (layer bisection). `could_win(model)`, where given, raises
+    when a runtime model of the candidate's fastest form cannot beat a candidate that passed: a recipe calls it
+    before its fallback."""
 
     manifest: object
     target: object
@@ -27,6 +29,7 @@ class Job:
     texts: dict | None = None
     reference: object = None
     wide: tuple[str, ...] = ()
+    could_win: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,9 @@ class Recipe:
     families: tuple[str, ...]
     precisions: tuple[str, ...]
     Config: type
+    # Whether a build may run a fallback (more builds and passes until the gate is met): the searches build these
+    # candidates after the others, and screen them first.
+    fallback: bool = False
 
     @property
     def kind(self) -> tuple[str, str]:

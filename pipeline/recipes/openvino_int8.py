@@ -99,15 +99,18 @@ def nncf_int8(model, calibration_feeds: list[dict], ignored: list[str] = ()):
         )
 
 
-def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes) -> tuple[object, dict]:
+def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win=None) -> tuple[object, dict]:
     """NNCF int8 of `model`, keeping the fewest most sensitive MatMul kinds out of int8 with which `passes(model)`
     holds (bisection over the ranking). Returns the model (the one with most kinds kept where none passes) and
-    its record: kinds and nodes kept, each try."""
+    its record: kinds and nodes kept, each try. `could_win(quantized)`, where given, runs before the bisection
+    and raises to stop it (the fully quantized model is the fastest the bisection can give)."""
     quantized = nncf_int8(model, calibration_feeds)
     tries = [{"kept_kinds": 0, "passed": passes(quantized)}]
     kinds = matmul_kinds(model)
     if tries[0]["passed"]:
         return quantized, {"kept_kinds": [], "kept_nodes": 0, "matmuls": sum(map(len, kinds.values())), "tries": tries}
+    if could_win is not None:
+        could_win(quantized)
     ranking = kind_ranking(quantized, calibration_feeds[:RANKING_FEEDS])
     built = {0: quantized}
 
@@ -173,6 +176,7 @@ class OpenVinoInt8(Recipe):
     families = ("encoder",)
     precisions = ("int8",)
     Config = OpenVinoInt8Config
+    fallback = True
 
     def config(self, candidate, target) -> OpenVinoInt8Config:
         """The candidate's precision as OpenVINO's inference precision, where it is one."""
@@ -186,5 +190,21 @@ class OpenVinoInt8(Recipe):
         probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
         calibration = [probe.feeds(probe.encode([t])) for t in job.texts["calibration"]]
         development = [probe.feeds(probe.encode([t])) for t in job.texts["development"]]
-        model, fallback = int8_with_kinds_kept(plain_export(job), calibration, development_passes(job, development))
+        screen = _screened(job, config.inference_precision) if job.could_win else None
+        passes = development_passes(job, development)
+        model, fallback = int8_with_kinds_kept(plain_export(job), calibration, passes, screen)
         return save_ir(model, job, config.inference_precision, fallback)
+
+
+def _screened(job: Job, inference_precision: str | None):
+    """`could_win(openvino_model)`: `job.could_win` of the model as the candidate would run it (saved as IR in
+    `job.work`/screen and opened by the runtime)."""
+    from pipeline.manifest import candidate_model
+
+    def could_win(model) -> None:
+        work = job.work / "screen"
+        work.mkdir(exist_ok=True)
+        built = save_ir(model, dataclasses.replace(job, work=work), inference_precision)
+        job.could_win(candidate_model(job.manifest, job.target, built.graph, built.backend, built.session))
+
+    return could_win

@@ -27,6 +27,7 @@ class OrtInt8(Recipe):
     families = ("encoder",)
     precisions = ("int8",)
     Config = OrtInt8Config
+    fallback = True
 
     def __init__(self, mode: str):
         self.name = f"ort-int8-{mode}"
@@ -52,5 +53,6 @@ class OrtInt8(Recipe):
             job.work,
             development,
             strict=False,
+            could_win=job.could_win,
         )
         return Built(job.work / "model.onnx", fallback={k: metrics[k] for k in FALLBACK_KEYS})

@@ -32,6 +32,7 @@ class WeightOnly(Recipe):
     families = ("decoder",)
     precisions = ("int8", "int4")
     Config = WeightOnlyConfig
+    fallback = True
 
     def config(self, candidate, target) -> WeightOnlyConfig:
         """The candidate's block settings with the target's accuracy level and head bits."""

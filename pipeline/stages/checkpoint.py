@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -24,8 +25,45 @@ WEIGHT_FILES = (
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 # Files that describe the model; docs and VCS files do not change what is built.
 IGNORED = {"README.md", ".gitattributes", "data_config.json"}
-ST_POOLING = "sentence_transformers.models.Pooling"
-ST_SUPPORTED = {"sentence_transformers.models.Transformer", ST_POOLING, "sentence_transformers.models.Normalize"}
+# sentence-transformers module types, by their names before and since sentence-transformers 5.
+ST_KINDS = {
+    "sentence_transformers.models.Transformer": "Transformer",
+    "sentence_transformers.base.modules.transformer.Transformer": "Transformer",
+    "sentence_transformers.models.Pooling": "Pooling",
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": "Pooling",
+    "sentence_transformers.models.Dense": "Dense",
+    "sentence_transformers.base.modules.dense.Dense": "Dense",
+    "sentence_transformers.models.Normalize": "Normalize",
+    "sentence_transformers.sentence_transformer.modules.normalize.Normalize": "Normalize",
+}
+ST_ORDER = re.compile(r"Transformer Pooling( Dense)*( Normalize)?")
+ST_ORDER_TEXT = "Transformer, Pooling, any number of Dense, then optionally Normalize"
+# Pooling modes by their config keys before sentence-transformers 5 (`pooling_mode_<key>: true`) and since.
+POOLING_MODES = {
+    "cls_token": "cls",
+    "mean_tokens": "mean",
+    "max_tokens": "max",
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+}
+LEGACY_POOLING_KEYS = (
+    "cls_token",
+    "mean_tokens",
+    "max_tokens",
+    "mean_sqrt_len_tokens",
+    "weightedmean_tokens",
+    "lasttoken",
+)
+# Dense activations the export traces exactly, by the name sentence-transformers writes -> the torch.nn class.
+DENSE_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "Identity",
+    "torch.nn.modules.activation.Tanh": "Tanh",
+    "torch.nn.modules.activation.ReLU": "ReLU",
+    "torch.nn.modules.activation.GELU": "GELU",
+    "torch.nn.modules.activation.Sigmoid": "Sigmoid",
+}
+DENSE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def default_checkpoint() -> Path:
@@ -55,27 +93,116 @@ def checkpoint_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _pooling(folder: Path) -> dict | None:
+def _module_folder(folder: Path, module: dict) -> Path:
+    """A module's folder inside the checkpoint; a path that leads out of it (`..`, absolute, a link) is refused."""
+    path = module.get("path")
+    where = (folder / path).resolve() if isinstance(path, str) else None
+    if where is None or not where.is_relative_to(folder.resolve()):
+        raise InputError(
+            f"{folder / 'modules.json'}: module {module.get('name')!r} has path {path!r}, which leads out of the "
+            "checkpoint folder; give each module a folder inside it"
+        )
+    return where
+
+
+def _st_modules(folder: Path) -> list[tuple[str, dict]]:
+    """(kind, entry) of each module in modules.json, checked to be of a supported kind and order."""
     modules_file = folder / "modules.json"
-    if not modules_file.exists():
-        return None
     modules = _json(modules_file)
-    kinds = [m.get("type") for m in modules]
-    unsupported = sorted(set(kinds) - ST_SUPPORTED)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise InputError(f"{modules_file} is not a list of modules; the checkpoint is damaged: save it again")
+    unsupported = sorted({str(m.get("type")) for m in modules if m.get("type") not in ST_KINDS})
     if unsupported:
         raise InputError(
-            f"{modules_file} uses sentence-transformers modules {unsupported}; supported: {sorted(ST_SUPPORTED)}. "
-            "Export a checkpoint with only Transformer, Pooling and Normalize modules."
+            f"{modules_file} uses sentence-transformers modules {unsupported}; supported: Transformer, Pooling, "
+            "Dense, Normalize. Export a checkpoint with only those modules."
         )
-    pooling = {"mode": "mean", "normalize": "sentence_transformers.models.Normalize" in kinds}
-    for module in modules:
-        if module["type"] == ST_POOLING:
-            config = _json(folder / module["path"] / "config.json")
-            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens") if config.get(f"pooling_mode_{m}")]
-            if len(modes) != 1 or any(config.get(k) for k in ("pooling_mode_mean_sqrt_len_tokens",)):
-                raise InputError(f"{folder / module['path']}: only one of cls, mean or max pooling is supported")
-            pooling["mode"] = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}[modes[0]]
-    return pooling
+    kinds = [ST_KINDS[m["type"]] for m in modules]
+    if not ST_ORDER.fullmatch(" ".join(kinds)):
+        raise InputError(
+            f"{modules_file} lists its modules as {', '.join(kinds)}; supported: {ST_ORDER_TEXT}. "
+            "Save the model with its modules in that order."
+        )
+    if modules[0].get("path", "") != "":
+        raise InputError(
+            f"{modules_file}: the Transformer module is in {modules[0].get('path')!r}, not the checkpoint folder "
+            "itself; pass that folder as the model instead"
+        )
+    return list(zip(kinds, modules, strict=True))
+
+
+def _pooling_mode(module_folder: Path) -> tuple[str, int | None]:
+    """A Pooling module's mode (cls, mean or max) and output width, from either config layout."""
+    config = _json(module_folder / "config.json")
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = [key for key in LEGACY_POOLING_KEYS if config.get(f"pooling_mode_{key}")]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, list) else [repr(mode)]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise InputError(
+            f"{module_folder / 'config.json'} pools by {modes}; supported: exactly one of cls, mean or max. "
+            "Use a checkpoint with one of those poolings."
+        )
+    width = config.get("embedding_dimension", config.get("word_embedding_dimension"))
+    return POOLING_MODES[modes[0]], width if isinstance(width, int) else None
+
+
+def _dense(folder: Path, module_folder: Path, width: int | None) -> dict:
+    """A Dense module's shape, bias and activation from its config.json, checked against the width it is fed."""
+    config_file = module_folder / "config.json"
+    config = _json(config_file)
+    shape = [config.get("in_features"), config.get("out_features")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+        raise InputError(f"{config_file}: in_features and out_features must be positive integers, not {shape}")
+    if width is not None and shape[0] != width:
+        raise InputError(
+            f"{config_file}: in_features is {shape[0]}, but the module before it gives {width} values; "
+            "the checkpoint's modules do not fit together: save it again"
+        )
+    activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if activation not in DENSE_ACTIVATIONS:
+        raise InputError(
+            f"{config_file}: activation {activation!r} is not supported; supported: "
+            f"{', '.join(DENSE_ACTIVATIONS.values())} (torch.nn). Use a checkpoint whose Dense modules use one of those"
+        )
+    names = {config.get("module_input_name", "sentence_embedding"), config.get("module_output_name")} - {None}
+    if names != {"sentence_embedding"}:
+        raise InputError(
+            f"{config_file}: the Dense module reads or writes {sorted(map(str, names))}; supported: only "
+            "'sentence_embedding'. Use a checkpoint whose Dense modules map the sentence embedding"
+        )
+    if not any((module_folder / name).is_file() for name in DENSE_WEIGHTS):
+        raise InputError(f"{module_folder} has no weights (none of {', '.join(DENSE_WEIGHTS)}); copy them into it")
+    bias = config.get("bias", True)
+    if not isinstance(bias, bool):
+        raise InputError(f"{config_file}: bias must be true or false, not {bias!r}")
+    return {
+        "path": module_folder.relative_to(folder.resolve()).as_posix(),
+        "in_features": shape[0],
+        "out_features": shape[1],
+        "bias": bias,
+        "activation": DENSE_ACTIVATIONS[activation],
+    }
+
+
+def _pooling(folder: Path) -> dict | None:
+    """The pooling of a sentence-transformers checkpoint: mode, Normalize, and its Dense modules in order. `dense`
+    is there only where there are Dense modules, so that other checkpoints' records and export keys do not
+    depend on it."""
+    if not (folder / "modules.json").exists():
+        return None
+    pooling = {"mode": "mean", "normalize": False}
+    dense, width = [], None
+    for kind, module in _st_modules(folder):
+        if kind == "Pooling":
+            pooling["mode"], width = _pooling_mode(_module_folder(folder, module))
+        elif kind == "Dense":
+            dense.append(_dense(folder, _module_folder(folder, module), width))
+            width = dense[-1]["out_features"]
+        elif kind == "Normalize":
+            pooling["normalize"] = True
+    return {**pooling, "dense": dense} if dense else pooling
 
 
 def _task_from_head(config: dict, pooling: dict | None) -> str | None:

@@ -1,9 +1,10 @@
 """The export stage: onnx_from_checkpoint. A PyTorch checkpoint becomes one ONNX graph plus a Rust tokenizer file.
 
-Encoders: the graph has dynamic batch and sequence axes. For feature extraction the pooling (and the
-normalization of sentence-transformers checkpoints) is part of the graph, so its `sentence_embedding` output
-equals `SentenceTransformer.encode`. The TorchScript exporter is used because ONNX Runtime's transformer fusions
-recognise its attention pattern; they find none in the dynamo exporter's graph.
+Encoders: the graph has dynamic batch and sequence axes. For feature extraction the pooling (and a
+sentence-transformers checkpoint's Dense modules and normalization) is part of the graph, so its
+`sentence_embedding` output equals `SentenceTransformer.encode`, and the engine optimizes and quantizes the Dense
+with the rest. The TorchScript exporter is used because ONNX Runtime's transformer fusions recognise its
+attention pattern; they find none in the dynamo exporter's graph.
 
 Decoders (causal LMs): optimum-onnx's exporter, which patches each family's attention and cache for tracing,
 writes one graph with the KV cache as inputs and outputs, serving both the prompt (past length 0) and each new

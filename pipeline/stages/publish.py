@@ -38,6 +38,7 @@ from pipeline.store import (
     version_folders,
 )
 from pipeline.targets import Target
+from pipeline.timing import COST
 
 PACKAGES = (
     "torch",
@@ -84,7 +85,7 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
 
 # Figures timed on the build host: they go to report.json with their spread, host and date, never to the manifest,
 # where they would pose as a property of the immutable artifact.
-TIMED = ("latency_ms", "latency_range_ms", "build_seconds")
+TIMED = ("latency_ms", "latency_range_ms", "screen_ratios", *COST)
 SPEED_MEANING = (
     "timed on the build host while it built (possibly busy): they explain the search's choice and are not a "
     "property of the artifact; `make bench` measures speed side by side"

@@ -3,8 +3,10 @@ calibrated on text), with two guards on accuracy (the graph passes are in pipeli
 
 1. Smoothing (SmoothQuant-style, optional, `smooth_alpha`): activation outliers are moved into the weights.
 2. Accuracy-aware fallback: if the int8 graph misses the target's thresholds (with headroom) against the fp32
-   graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized) and the
-   most sensitive are kept in fp32, a few more at a time, up to `max_fp32_nodes`.
+   graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized: for
+   dynamic int8 of an encoder simulated from one fp32 pass, pipeline.passes.int8_error; otherwise by quantizing
+   that node alone and running the development split) and the most sensitive are kept in fp32, a few more at a
+   time, up to `max_fp32_nodes`.
 
 Every candidate tried is recorded in the stage's metrics.
 """
@@ -31,14 +33,18 @@ from pipeline.passes.int8 import (
     widen_ranges,
     with_shapes,
 )
+from pipeline.passes.int8_error import dynamic_int8_errors
 from pipeline.passes.smoothing import activation_absmax, smooth
 from pipeline.passes.weight_only import quantize_weight_only
+from pipeline.runtime.host import cpu_flags
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
-from pipeline.timing import latency
+from pipeline.timing import NO_SPINNING, latency
 
-VERSION = 4
+VERSION = 5
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+# Examples the simulated sensitivity of dynamic int8 runs on (one fp32 pass each).
+SIMULATED_EXAMPLES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +97,46 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
     return quantize_one
 
 
+def _fewest_passing(attempt, excluded: list, ranked: list, limit: int) -> tuple:
+    """(graph, missed, nodes kept in fp32): the fewest of the `ranked` nodes (most sensitive first, at most `limit`,
+    counts from FALLBACK_STEPS) kept in fp32 besides `excluded` with which `attempt(exclude) -> (graph, missed)`
+    passes. The widest is tried first: where it misses, fewer will not pass and the fallback stops there (its
+    graph is returned); else a bisection over the counts, each node kept only adding accuracy."""
+    counts = sorted({c for c in FALLBACK_STEPS if c < limit} | {limit})
+    widest = excluded + ranked[:limit]
+    graph, missed = attempt(widest)
+    if missed:
+        return graph, missed, widest
+    best = (graph, widest)
+    low, high = -1, len(counts) - 1  # counts[high] passes; counts[low] misses (-1: no nodes kept, which missed)
+    for _ in progress(range(max(len(counts) - 1, 1).bit_length()), "quantize: fallback"):
+        if high - low <= 1:
+            break
+        middle = (low + high) // 2
+        exclude = excluded + ranked[: counts[middle]]
+        graph, failed = attempt(exclude)
+        if failed:
+            low = middle
+        else:
+            high, best = middle, (graph, exclude)
+    return best[0], [], best[1]
+
+
+def _simulated(source: Path, nodes: list, excluded: list, fp32, texts: list, settings, metric: str) -> list | None:
+    """Each quantizable node's simulated dynamic int8 error (pipeline.passes.int8_error), most sensitive first, on
+    the first SIMULATED_EXAMPLES of `texts`; None where it does not apply (static or weight-only int8, decoders, a
+    graph too large to simulate in memory)."""
+    import onnx
+
+    if settings.mode != "dynamic" or metric == "generation":
+        return None
+    names = {n.name for n in nodes} - set(excluded)
+    graph = onnx.load(str(source), load_external_data=False)
+    candidates = [n for n in quantizable_nodes(graph, settings.op_types) if n.name in names]
+    feeds = [fp32.feeds(fp32.encode([text])) for text in texts[:SIMULATED_EXAMPLES]]
+    return dynamic_int8_errors(source, candidates, feeds, settings, cpu_flags() or frozenset())
+
+
 def _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work) -> list[dict]:
     """Each quantizable node's error when it alone is quantized, most sensitive first."""
     sensitivity = []
@@ -136,11 +182,14 @@ def int8_with_fallback(
     out: Path,
     judge: list | None = None,
     strict: bool = True,
+    could_win=None,
 ) -> dict:
     """Quantize `fp32_path` with `settings` into `out`/model.onnx (ranges and smoothing from `texts`), keeping the
     most sensitive nodes in fp32 as needed to meet the target's thresholds (with headroom) against the fp32 graph
     on `judge` (the development split; `texts` where None). Where the whole budget misses, an AccuracyError, or
-    with `strict=False` the last graph tried (the search then judges it against the target's own thresholds)."""
+    with `strict=False` the last graph tried (the search then judges it against the target's own thresholds).
+    `could_win(model)`, where given (the search), may stop the fallback before it starts, raising; the search
+    times its candidates itself, so then the attempts are not timed."""
     import onnx
 
     calibration, texts = texts, judge or texts
@@ -173,31 +222,33 @@ def int8_with_fallback(
         stats = measure(model, texts, reference, metric, batch, new_tokens)
         missed = failures(stats, gate)
         seconds = round(time.perf_counter() - begun, 2)
-        row = {"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **latency(model, texts, batch)}
+        timed = latency(model, texts, batch) if could_win is None else {}
+        row = {"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **timed}
         candidates.append({**row, **stats})
         note(f"  int8 with {len(exclude)} nodes in fp32: " + ("passed" if not missed else "; ".join(missed)))
         return path, missed
 
     chosen, missed = attempt(excluded)
+    if missed and settings.max_fp32_nodes > len(excluded) and could_win is not None:
+        could_win(candidate_model(manifest, target, chosen, session=NO_SPINNING))
     if missed and settings.max_fp32_nodes > len(excluded):
-        sensitivity = _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work)
+        sensitivity = _simulated(source, nodes, excluded, fp32, texts, settings, metric) or _sensitivity(
+            open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work
+        )
         # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
         # fp32 would publish an fp32 graph under an int8 name.
         limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
-        for step in progress(sorted({s for s in FALLBACK_STEPS if s < limit} | {limit}), "quantize: fallback"):
-            if step < 1:
-                break
-            exclude = excluded + [s["node"] for s in sensitivity[:step]]
-            chosen, missed = attempt(exclude)
-            if not missed or step == limit:
-                excluded = exclude  # the graph kept: the first that passes, else (strict=False) the last tried
-                break
+        if limit >= 1:
+            ranked = [s["node"] for s in sensitivity]
+            chosen, missed, excluded = _fewest_passing(attempt, excluded, ranked, limit)
     if missed and strict:
         raise AccuracyError(
             f"int8 {manifest.model_name} for {target.name} misses its thresholds on the development split even with "
-            f"{candidates[-1]['fp32_nodes']} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
+            f"{len(excluded)} of {len(nodes)} quantizable nodes kept in fp32: {'; '.join(missed)}. "
             f"Raise quantize.max_fp32_nodes (now {settings.max_fp32_nodes}) or build an fp32 target (cpu-fp32)."
         )
+    for row in candidates:
+        row["chosen"] = row["fp32_nodes"] == len(excluded)
     move_graph(chosen, out / "model.onnx")
     shutil.rmtree(work)
     static = settings.mode == "static"
@@ -208,7 +259,7 @@ def int8_with_fallback(
         "seconds": round(time.perf_counter() - started, 2),
         "calibration_examples": len(calibration),
         "development_examples": len(texts),
-        "fp32_latency": latency(fp32, texts, batch),
+        "fp32_latency": latency(fp32, texts, batch) if could_win is None else None,
         "quantized_nodes": len(nodes) - len(excluded),
         "fp32_nodes": excluded,
         "smoothed_nodes": len(smoothed),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import shutil
+import time
 from pathlib import Path
 
 from pipeline.architectures import architecture_of
@@ -37,14 +38,14 @@ from pipeline.metrics import compare, development_gate, failures, measure, outpu
 from pipeline.recipes import Job, build_candidate
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
+from pipeline.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.stages.quantize import calibration_texts, development_split
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
-from pipeline.timing import alternate, median_range, relative_scores, token_rows
+from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 9
+VERSION = 10
 SEQUENCE = 128
 
 
@@ -110,24 +111,38 @@ def _workloads(model, texts: list, batch: int) -> dict:
     }
 
 
-def _time(models: dict, texts: list, batch: int, reps: int = 5) -> dict:
-    """Each model's ms at each workload as [median, p10, p90] over `reps` runs, alternating models run by run
-    after a warm-up each."""
+def _runner(work, batch: int):
+    """model -> a zero-argument run of `work`: token rows through the session, or texts end to end."""
+
+    def runner(model):
+        if isinstance(work, list):
+            return lambda: model.run(work, batch_size=batch)
+        feeds = {k: work[k] for k in model.input_names}
+        return lambda: model.session.run([model.output_name], feeds)
+
+    return runner
+
+
+def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
+    """(each model's ms at each workload as [median, p10, p90], each model's seconds of timing): alternating
+    models run by run after a warm-up each, for 3 to 7 rounds, fewer where the spread settles within 5%."""
     first = next(iter(models.values()))
-    workloads = _workloads(first, texts, batch)
     timings = {name: {} for name in models}
-    for shape, work in progress(workloads.items(), "search: timing", total=len(workloads)):
-
-        def once(model, work=work):
-            if isinstance(work, list):
-                return model.run(work, batch_size=batch)
-            return model.session.run([model.output_name], {k: work[k] for k in model.input_names})
-
-        runners = {name: (lambda _, model=model: once(model)) for name, model in models.items()}
-        runs = alternate(runners, None, reps)
+    seconds = dict.fromkeys(models, 0.0)
+    for shape, work in progress(_workloads(first, texts, batch).items(), "search: timing", total=3):
+        runs = {name: _runner(work, batch)(model) for name, model in models.items()}
+        runners = {name: (lambda _, run=run: run()) for name, run in runs.items()}
+        runs = time_until_stable(runners, None, 3, 7, spread=0.05, budget_s=20.0, warmups=1)
         for name in models:
-            timings[name][shape] = [round(v, 3) for v in median_range(runs[name])]
-    return timings
+            timings[name][shape] = [round(v, 3) for v in median_range(runs[name]["ms"])]
+            seconds[name] += sum(runs[name]["ms"]) * (1 + 1 / len(runs[name]["ms"])) / 1000  # with its warm-up
+    return timings, seconds
+
+
+def screen_shapes(model, texts: list) -> dict:
+    """The screen's shapes (pipeline.stages.candidates.Screen): rows of SEQUENCE tokens at batch 1 and 8."""
+    length = min(SEQUENCE, model.max_length)
+    return {f"batch_{n}": _runner(token_rows(model, texts, n, length), n) for n in (1, 8)}
 
 
 def _score(rows: list[dict]) -> None:
@@ -145,7 +160,9 @@ def choose(rows: list[dict], held_out=None) -> dict | None:
     winner = None
     for row in sorted((r for r in rows if r["status"] == "passed"), key=lambda r: r["score"]):
         if held_out is not None:
+            started = time.perf_counter()
             stats, missed = held_out(row["name"])
+            row["held_out_seconds"] = round(time.perf_counter() - started, 2)
             row["held_out"] = {"status": "missed" if missed else "passed", "missed": missed, **stats}
             if missed:
                 continue
@@ -196,16 +213,20 @@ def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out
     metric = TASKS[manifest.checkpoint.task].metric
     development = texts["development"]
     reference = pytorch_outputs(manifest.checkpoint, development)
+    screen = Screen(lambda model: screen_shapes(model, development))
 
     def make(candidate: Candidate):
-        made = build_candidate(candidate, Job(manifest, target, out / "work" / candidate.name, texts, reference))
+        job = Job(manifest, target, out / "work" / candidate.name, texts, reference, could_win=screen.could_win)
+        made = build_candidate(candidate, job)
         model = candidate_model(manifest, target, made.graph, made.backend, {**made.session, **NO_SPINNING})
         stats = compare(metric, reference, outputs(model, development, metric, target.shapes.batch_size))
         return made, model, stats, development_gate(target.accuracy, len(development)), {"fallback": made.fallback}
 
-    rows, built = judge_candidates(target.family_candidates("encoder"), flags, "search: building candidates", make)
-    models = {name: model for name, (_, model) in built.items()}
-    attach_timings(rows, _time(models, development + texts["calibration"], target.shapes.batch_size))
+    candidates = target.family_candidates("encoder")
+    rows, built = judge_candidates(candidates, flags, "search: building candidates", make, screen)
+    models = {name: model for name, (_, model) in built.items() if name in screen.passed}
+    timed = _time(models, development + texts["calibration"], target.shapes.batch_size) if models else ({}, {})
+    attach_timings(rows, *timed)
     check = _held_out(manifest, target, models, texts["held_out"])
     return rows, {name: made for name, (made, _) in built.items()}, check
 

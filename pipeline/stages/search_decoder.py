@@ -29,7 +29,7 @@ from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.recipes import Job, recipe_for
 from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
-from pipeline.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
+from pipeline.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
 from pipeline.timing import median_range
 
@@ -70,6 +70,16 @@ def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
             runs[name]["decode_1"].append(_once(model, [short[0]], DECODE_STEPS)[1] * 1000)
             runs[name][f"decode_{DECODE_BATCH}"].append(_once(model, short, DECODE_STEPS)[1] * 1000)
     return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
+
+
+def screen_shapes(model, texts: list[str]) -> dict:
+    """The screen's shapes (pipeline.stages.candidates.Screen): time to the first token of a PROMPT-token prompt,
+    and a few decode steps of one row."""
+    long, short = _rows(model, texts)
+    return {
+        "ttft_1x128": lambda other: lambda: _once(other, [long], 0),
+        "decode_1": lambda other: lambda: _once(other, [short[0]], 4),
+    }
 
 
 def _judge(manifest, target, made, split: tuple) -> tuple[object, dict]:
@@ -149,6 +159,8 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     )
     del torch_model
 
+    screen = Screen(lambda model: screen_shapes(model, texts["development"]))
+
     def make(candidate: Candidate):
         work = out / "work" / candidate.name
         recipe = recipe_for(candidate)
@@ -159,6 +171,7 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
         direction = recipe.bisection(config)
         if direction == "none" or not failures(stats, gate):
             return made, model, stats, gate, {}
+        screen.could_win(model)  # the candidate as built is the fastest its bisection can give
         missed = (made, model, stats)
         (made, model, stats), tries, wide = _bisect(
             manifest, target, candidate, direction, development, gate, work, missed
@@ -166,9 +179,10 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
         return made, model, stats, gate, {"wide_layers": wide, "bisection": tries}
 
     rows, built = judge_candidates(
-        target.family_candidates("decoder"), flags, "search: building decoder candidates", make
+        target.family_candidates("decoder"), flags, "search: building decoder candidates", make, screen
     )
-    timings = _time({name: model for name, (_, model) in built.items()}, texts["development"]) if built else {}
+    models = {name: model for name, (_, model) in built.items() if name in screen.passed}
+    timings = _time(models, texts["development"]) if models else {}
     attach_timings(rows, timings)
 
     def check(name: str):

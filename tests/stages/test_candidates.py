@@ -1,9 +1,11 @@
 """The candidate table both searches share: one row per candidate, whatever happens to it."""
 
+import time
+
 import pytest
 
 from pipeline.errors import QuantizationError
-from pipeline.stages.candidates import attach_timings, candidate_row, judge_candidates
+from pipeline.stages.candidates import CannotWin, Screen, attach_timings, candidate_row, judge_candidates
 from pipeline.targets import Accuracy, Candidate
 
 GATE = Accuracy(cosine_min=0.99, max_abs_diff=0.1)
@@ -111,3 +113,40 @@ def test_attach_timings_splits_median_and_range_and_leaves_untimed_rows_none():
     assert rows[0]["latency_ms"] == {"batch_1": 2.0, "batch_32": 20.0}
     assert rows[0]["latency_range_ms"] == {"batch_1": (1.5, 3.0), "batch_32": (18.0, 25.0)}
     assert rows[1]["latency_ms"] is None and rows[1]["latency_range_ms"] is None
+
+
+def _sleeping_screen(passed: dict) -> Screen:
+    """A screen over "models" that are seconds to sleep at each of two shapes: {shape: seconds}."""
+    screen = Screen(lambda _: {shape: (lambda m, s=shape: lambda: time.sleep(m[s])) for shape in ("b1", "b8")})
+    screen.passed.update(passed)
+    return screen
+
+
+def test_screen_drops_a_candidate_slower_at_every_shape_and_keeps_one_faster_at_any():
+    screen = _sleeping_screen({"fast": {"b1": 0.002, "b8": 0.004}})
+    with pytest.raises(CannotWin, match="slower than fast, which passed, at b1, b8") as raised:
+        screen.could_win({"b1": 0.02, "b8": 0.04})
+    assert all(ratio > 3 for ratio in raised.value.ratios.values())
+    screen.could_win({"b1": 0.02, "b8": 0.0005})  # faster at one shape: it could still win on the score
+    Screen(lambda _: {}).could_win({"b1": 1.0})  # nothing passed yet: anything could win
+
+
+def test_candidates_with_a_fallback_are_built_last_and_a_dropped_one_is_a_row_in_target_order():
+    order = []
+    gate = Accuracy(cosine_min=0.99)
+    screen = _sleeping_screen({})
+
+    def make(candidate):
+        order.append(candidate.name)
+        if candidate.quantize == "dynamic":
+            screen.could_win({"b1": 0.02, "b8": 0.04})
+        return "built", {"b1": 0.002, "b8": 0.004}, {"cosine_min": 1.0}, gate, {}
+
+    candidates = [
+        Candidate("int8", "onnxruntime", "int8", quantize="dynamic"),
+        Candidate("fp32", "onnxruntime", "fp32"),
+    ]
+    rows, built = judge_candidates(candidates, frozenset(), "test", make, screen)
+    assert order == ["fp32", "int8"] and [r["name"] for r in rows] == ["int8", "fp32"]
+    assert rows[0]["status"] == "dropped" and "slower than fp32" in rows[0]["reason"] and list(built) == ["fp32"]
+    assert rows[0]["screen_ratios"]["b1"] > 3 and rows[0]["build_seconds"] > 0 and list(screen.passed) == ["fp32"]

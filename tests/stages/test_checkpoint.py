@@ -9,7 +9,7 @@ from pipeline.stages import checkpoint
 from pipeline.stages.checkpoint import checkpoint_digest, default_checkpoint
 from pipeline.targets import load_target
 
-from ..tiny import make_checkpoint
+from ..tiny import make_checkpoint, make_sentence_transformer
 
 
 def _run(folder, task=None):
@@ -92,11 +92,116 @@ def test_run_refuses_unknown_task(tiny_bert):
 
 
 def test_run_refuses_unsupported_sentence_transformers_module(tmp_path, tiny_bert):
-    folder = tmp_path / "dense"
+    folder = tmp_path / "lstm"
     shutil.copytree(tiny_bert, folder)
-    (folder / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense", "path": "2"}]))
-    with pytest.raises(InputError, match="Dense"):
+    (folder / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.LSTM", "path": "2"}]))
+    with pytest.raises(
+        InputError, match=r"\['sentence_transformers.models.LSTM'\]; supported: Transformer, Pooling, Dense"
+    ):
         _run(folder)
+
+
+def _modules(folder):
+    return json.loads((folder / "modules.json").read_text())
+
+
+def _dense_config(folder, **changes):
+    config_file = folder / "2_Dense" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+
+
+def test_run_reads_dense_modules_in_order_with_sentence_transformers_5_names(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st", dense=((24, "GELU"), (16, "Identity")))
+    assert _modules(folder)[2]["type"] == "sentence_transformers.base.modules.dense.Dense"
+    info = _run(folder)
+    assert info.task == "feature-extraction"
+    assert info.pooling == {
+        "mode": "mean",
+        "normalize": True,
+        "dense": [
+            {"path": "2_Dense", "in_features": 32, "out_features": 24, "bias": True, "activation": "GELU"},
+            {"path": "3_Dense", "in_features": 24, "out_features": 16, "bias": True, "activation": "Identity"},
+        ],
+    }
+
+
+def test_run_reads_the_legacy_names_and_pooling_keys_of_a_dense_model(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st", normalize=False)
+    legacy = ["Transformer", "Pooling", "Dense"]
+    modules = [
+        {**m, "type": f"sentence_transformers.models.{kind}"} for m, kind in zip(_modules(folder), legacy, strict=True)
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    info = _run(folder)
+    assert info.pooling["mode"] == "cls" and info.pooling["normalize"] is False
+    assert [d["activation"] for d in info.pooling["dense"]] == ["Tanh"]
+
+
+def test_run_refuses_an_unsupported_dense_activation_in_one_line(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    _dense_config(folder, activation_function="torch.nn.modules.activation.Softplus")
+    with pytest.raises(
+        InputError,
+        match=r"activation 'torch.nn.modules.activation.Softplus' is not supported; "
+        r"supported: Identity, Tanh, ReLU, GELU, Sigmoid",
+    ) as err:
+        _run(folder)
+    assert "\n" not in str(err.value)
+
+
+def test_run_refuses_a_dense_that_does_not_fit_the_pooling(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    _dense_config(folder, in_features=48)
+    with pytest.raises(InputError, match="in_features is 48, but the module before it gives 32 values"):
+        _run(folder)
+
+
+def test_run_refuses_a_dense_folder_without_weights(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    (folder / "2_Dense" / "model.safetensors").unlink()
+    with pytest.raises(InputError, match=r"2_Dense has no weights \(none of model.safetensors, pytorch_model.bin\)"):
+        _run(folder)
+
+
+@pytest.mark.parametrize(
+    "order", [(0, 2, 1, 3), (0, 1, 3, 2), (1, 0, 2, 3)], ids=["dense-before-pooling", "after-normalize", "no-lead"]
+)
+def test_run_refuses_sentence_transformers_modules_out_of_order(tmp_path, order):
+    folder = make_sentence_transformer(tmp_path / "st")
+    modules = _modules(folder)
+    (folder / "modules.json").write_text(json.dumps([modules[i] for i in order]))
+    with pytest.raises(InputError, match="supported: Transformer, Pooling, any number of Dense, then optionally"):
+        _run(folder)
+
+
+def test_run_refuses_a_module_path_that_leads_out_of_the_checkpoint(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    shutil.copytree(folder / "2_Dense", tmp_path / "outside")
+    modules = _modules(folder)
+    modules[2]["path"] = "../outside"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(InputError, match="has path '../outside', which leads out of the checkpoint folder"):
+        _run(folder)
+
+
+def test_run_refuses_a_transformer_module_in_a_subfolder(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    modules = _modules(folder)
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(InputError, match="the Transformer module is in '0_Transformer', not the checkpoint folder"):
+        _run(folder)
+
+
+def test_checkpoint_digest_changes_with_a_dense_weight(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    before = checkpoint_digest(folder)
+    with open(folder / "2_Dense" / "model.safetensors", "ab") as handle:
+        handle.write(b"\0")
+    assert checkpoint_digest(folder) != before
 
 
 def test_checkpoint_digest_changes_with_weights_not_readme(tmp_path, tiny_bert):

@@ -5,6 +5,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from pipeline.errors import ExportError, InputError
 from pipeline.manifest import Manifest
@@ -12,7 +13,7 @@ from pipeline.passes.lm_head import last_token_logits
 from pipeline.stages import checkpoint, export
 from pipeline.targets import load_target
 
-from ..tiny import make_checkpoint
+from ..tiny import make_checkpoint, make_sentence_transformer
 
 
 def _export(folder, cache):
@@ -81,6 +82,72 @@ def test_onnx_from_checkpoint_refuses_corrupt_weights(tmp_path, tiny_bert):
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(InputError, match="could not load the weights"):
         _export(folder, tmp_path / "cache")
+
+
+def _st_encode(folder, texts):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu", local_files_only=True).encode(texts, convert_to_numpy=True)
+
+
+def _graph_embeddings(record, folder, texts):
+    from transformers import AutoTokenizer
+
+    session = ort.InferenceSession(str(record.output("model.onnx")), providers=["CPUExecutionProvider"])
+    enc = AutoTokenizer.from_pretrained(folder)(texts, padding=True, return_tensors="np")
+    return session.run(None, {i.name: enc[i.name] for i in session.get_inputs()})[0]
+
+
+def test_onnx_from_checkpoint_loads_a_dense_saved_as_bin_only(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    dense = folder / "2_Dense"
+    torch.save(load_file(dense / "model.safetensors"), dense / "pytorch_model.bin")
+    (dense / "model.safetensors").unlink()
+    texts = ["a short one", "and a longer second text, so that the batch pads"]
+    got = _graph_embeddings(_export(folder, tmp_path / "cache").stage("export"), folder, texts)
+    assert got.shape == (2, 16)
+    np.testing.assert_allclose(got, _st_encode(folder, texts), atol=1e-5)
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_onnx_from_checkpoint_refuses_a_dense_bin_that_would_run_code(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    dense = folder / "2_Dense"
+    marker = tmp_path / "ran"
+    torch.save({"linear.weight": _RunsCode(marker)}, dense / "pytorch_model.bin")
+    (dense / "model.safetensors").unlink()
+    with pytest.raises(InputError, match=r"could not load the Dense weights in .*2_Dense \(UnpicklingError"):
+        _export(folder, tmp_path / "cache")
+    assert not marker.exists()
+
+
+def test_onnx_from_checkpoint_refuses_dense_weights_of_the_wrong_shape(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    weights = folder / "2_Dense" / "model.safetensors"
+    save_file({"linear.weight": torch.zeros(16, 32)}, weights)  # no bias, which the config asks for
+    with pytest.raises(InputError, match=r"Dense weights in .*2_Dense are \{'linear.weight': \(16, 32\)\}"):
+        _export(folder, tmp_path / "cache")
+
+
+def test_export_rebuilds_when_a_dense_weight_changes(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    texts = ["the same text twice"]
+    first = _export(folder, tmp_path / "cache").stage("export")
+    before = _graph_embeddings(first, folder, texts)
+    weights = folder / "2_Dense" / "model.safetensors"
+    save_file({k: -v for k, v in load_file(weights).items()}, weights)
+    second = _export(folder, tmp_path / "cache").stage("export")
+    assert not second.reused and second.key != first.key
+    after = _graph_embeddings(second, folder, texts)
+    np.testing.assert_allclose(after, _st_encode(folder, texts), atol=1e-5)
+    assert np.abs(after - before).max() > 1e-3
 
 
 def test_onnx_from_causal_lm_has_kv_cache_io_and_last_token_logits(tiny_gpt2, tmp_path):
