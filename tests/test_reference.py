@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
-from pipeline.reference import _until_eos, checkpoint_from_source, pooled_module, pytorch_outputs
+from pipeline.reference import _until_eos, checkpoint_from_source, dense_layers, pooled_module, pytorch_outputs
 
 from .conftest import SMALL_TEXTS
 from .tiny import make_checkpoint
@@ -116,3 +117,47 @@ def test_checkpoint_from_source_reads_the_config_again_or_none_where_gone(tiny_b
     (tmp_path / "config.json").write_text("[1, 2]")  # JSON, but not a config
     restored = checkpoint_from_source({**source, "path": str(tmp_path)})
     assert restored.config == {} and restored.max_length == 64 and restored.task == "feature-extraction"
+
+
+def test_pytorch_outputs_answer_the_same_request_once_in_a_process(tiny_bert):
+    checkpoint = _checkpoint(tiny_bert, pooling={"mode": "mean", "normalize": False})
+    first = pytorch_outputs(checkpoint, TEXTS[:1])
+    assert pytorch_outputs(checkpoint, TEXTS[:1]) is first
+    assert pytorch_outputs(checkpoint, TEXTS[1:]) is not first  # other texts: another baseline
+    other = pytorch_outputs(_checkpoint(tiny_bert, pooling={"mode": "cls", "normalize": False}), TEXTS[:1])
+    assert not np.allclose(other, first)
+
+
+def _dense_folder(folder, out_features=8, bias=True, shape=None):
+    import torch
+    from safetensors.torch import save_file
+
+    weights = {"linear.weight": torch.randn(shape or (out_features, 32))}
+    if bias:
+        weights["linear.bias"] = torch.randn(out_features)
+    (folder / "2_Dense").mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    save_file(weights, str(folder / "2_Dense" / "model.safetensors"))
+    dense = {"path": "2_Dense", "in_features": 32, "out_features": out_features, "bias": bias, "activation": "Tanh"}
+    return _checkpoint(folder, pooling={"mode": "mean", "normalize": False, "dense": [dense]}), weights
+
+
+def test_dense_layers_apply_the_saved_linear_and_its_activation(tmp_path):
+    import torch
+
+    checkpoint, weights = _dense_folder(tmp_path / "ckpt")
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        got = dense_layers(checkpoint)(x)
+    expected = torch.tanh(x @ weights["linear.weight"].T + weights["linear.bias"])
+    torch.testing.assert_close(got, expected)
+    assert len(dense_layers(_checkpoint(tmp_path / "ckpt", pooling={"mode": "mean", "normalize": False}))) == 0
+
+
+def test_dense_layers_refuse_weights_of_another_shape_naming_both(tmp_path):
+    checkpoint, _ = _dense_folder(tmp_path / "ckpt", shape=(8, 16))
+    with pytest.raises(
+        InputError,
+        match=r"2_Dense are \{.*'linear.weight': \(8, 16\)\}; its config.json needs \{'linear.weight': \(8, 32\)",
+    ):
+        dense_layers(checkpoint)
