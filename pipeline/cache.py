@@ -13,7 +13,7 @@ trusted. A scratch folder whose builder died is removed by the next build of tha
 
 A build holds a lease on every entry it uses (a shared flock on `<stage>/.lease-<key>`) until it ends, and reuse
 refreshes an entry's age: gc removes an entry only under the exclusive lock of that file, so never one a running
-build holds, and never one a build has just reused.
+build holds, and never one a build has just reused. The folders, lease files and locks are pipeline.store's.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import contextlib
 import contextvars
 import dataclasses
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -38,10 +36,8 @@ from pipeline.errors import CacheError, PipelineError
 from pipeline.manifest import StageRecord
 from pipeline.runtime.artifact import canonical_json, sha256_file
 from pipeline.runtime.host import cpu_flags, kernel_class, usable_cores
+from pipeline.store import OWNER, RECORD, Leases, cache_entry, remove_dead_scratch, scratch_for
 
-RECORD = "record.json"
-OWNER = ".owner"
-LEASE_PREFIX = ".lease-"
 HOST_SCOPES = ("none", "kernels", "machine")
 WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR)
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -131,106 +127,6 @@ def _intact(entry: Path) -> dict | None:
         return None
 
 
-def _owner_dead(scratch: Path) -> bool:
-    """Whether the build that made this scratch folder is gone: its lock is free (or it never took one and the
-    folder is old)."""
-    try:
-        handle = open(scratch / OWNER)
-    except FileNotFoundError:
-        return time.time() - scratch.stat().st_mtime > 600
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-
-def remove_dead_scratch(stage_dir: Path) -> list[Path]:
-    """Remove the scratch folders of builds that died (SIGKILL, power cut) in this stage's cache folder."""
-    removed = []
-    for scratch in stage_dir.glob(".tmp-*") if stage_dir.is_dir() and not stage_dir.is_symlink() else ():
-        with contextlib.suppress(OSError):
-            if not scratch.is_symlink() and _owner_dead(scratch):
-                shutil.rmtree(scratch, ignore_errors=True)
-                removed.append(scratch)
-    return removed
-
-
-def lease_path(entry: Path) -> Path:
-    """The file whose flock leases `entry`: beside it, so that it outlives the entry's removal."""
-    return entry.parent / f"{LEASE_PREFIX}{entry.name}"
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: Path, refused: Callable[[OSError], PipelineError]):
-    """An exclusive flock on the file `path`, made if missing and never through a symlink (O_NOFOLLOW: a symlink
-    planted as the lock file is refused, never a file elsewhere truncated or locked); `refused(err)` is the error
-    raised where it cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise refused(err) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _open_lease(path: Path, create: bool = True) -> int:
-    # O_NOFOLLOW: a symlink planted as a lease file is an error (ELOOP), never a file elsewhere created or locked.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    return os.open(path, flags, 0o644)
-
-
-def _take_lease(entry: Path) -> int:
-    """A shared flock on `entry`'s lease file, on the file that is there now (gc unlinks it as it removes the
-    entry: one that waited for gc takes a fresh file)."""
-    path = lease_path(entry)
-    while True:
-        fd = _open_lease(path)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return fd
-        os.close(fd)
-
-
-class Leases:
-    """The cache entries one build uses, each leased (gc skips it) until the build ends; see `leases`."""
-
-    def __init__(self):
-        self._held: dict[Path, tuple[int, tuple[str, ...] | None]] = {}
-
-    def hold(self, entry: Path) -> None:
-        """Lease `entry` (a no-op where this build holds it already)."""
-        if entry not in self._held:
-            self._held[entry] = (_take_lease(entry), None)
-
-    def record(self, entry: Path, files) -> None:
-        """Note the files `entry` holds, checked by `check`."""
-        self._held[entry] = (self._held[entry][0], tuple(files))
-
-    def check(self) -> None:
-        """A CacheError naming the first entry of this build that lost a file since it was leased (an entry whose
-        stage failed before writing it was never there to lose)."""
-        for entry, (_, files) in self._held.items():
-            if files is None:
-                continue
-            if not entry.is_dir() or not all((entry / name).is_file() for name in files):
-                raise CacheError(
-                    f"the stage-cache entry {entry}, which this build uses, was removed while the build ran (by "
-                    "hand, or by a gc that does not honour leases); run the build again: it makes the entry anew"
-                )
-
-    def release(self) -> None:
-        """Give back every lease."""
-        for fd, _ in self._held.values():
-            os.close(fd)
-        self._held.clear()
-
-
 _LEASES: contextvars.ContextVar[Leases | None] = contextvars.ContextVar("pipeline_cache_leases", default=None)
 
 
@@ -250,54 +146,27 @@ def leases():
         held.release()
 
 
-@contextlib.contextmanager
-def claim(entry: Path, create: bool = True):
-    """For gc: yields True while it holds `entry`'s lease exclusively (no build holds it), else False; with
-    `create` False, a missing lease file counts as free and is not made."""
-    try:
-        fd = _open_lease(lease_path(entry), create)
-    except FileNotFoundError:
-        if create:
-            raise
-        yield True
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
 def _produce(entry: Path, key: str, spec: StageSpec, config: dict, produce: Callable[[Path], dict]) -> dict:
-    scratch = entry.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex}"
-    scratch.mkdir(parents=True)
-    owner = open(scratch / OWNER, "w")
-    fcntl.flock(owner, fcntl.LOCK_EX)
-    try:
-        metrics = produce(scratch)
-        files = {p.name: sha256_file(p) for p in sorted(scratch.iterdir()) if p.is_file() and p.name != OWNER}
-        record = {"stage": spec.name, "key": key, "config": config, "files": files, "metrics": metrics}
-        (scratch / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
-        faults.point(f"cache-{spec.name}")
-        (scratch / OWNER).unlink()
+    with scratch_for(entry, key) as scratch:
         try:
-            os.rename(scratch, entry)
-        except OSError:
-            # A concurrent build renamed the same content into place first; keep that one.
-            shutil.rmtree(scratch)
-            record = _intact(entry)
-            if record is None:
-                raise
-        return record
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    finally:
-        owner.close()
+            metrics = produce(scratch)
+            files = {p.name: sha256_file(p) for p in sorted(scratch.iterdir()) if p.is_file() and p.name != OWNER}
+            record = {"stage": spec.name, "key": key, "config": config, "files": files, "metrics": metrics}
+            (scratch / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+            faults.point(f"cache-{spec.name}")
+            (scratch / OWNER).unlink()
+            try:
+                os.rename(scratch, entry)
+            except OSError:
+                # A concurrent build renamed the same content into place first; keep that one.
+                shutil.rmtree(scratch)
+                record = _intact(entry)
+                if record is None:
+                    raise
+            return record
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
 
 
 def run_cached(
@@ -307,7 +176,7 @@ def run_cached(
     started = time.perf_counter()
     key = spec.key(config, inputs)
     fields = dataclasses.asdict(config)
-    entry = Path(cache_dir) / spec.name / key
+    entry = cache_entry(cache_dir, spec.name, key)
     scope = _LEASES.get()
     held = scope if scope is not None else Leases()  # outside a build: leased while this call runs
     try:

@@ -5,7 +5,7 @@ What is kept, always:
 - the newest `keep` versions of each model and target (all of them when `keep` is None);
 - every stage-cache entry that a kept version's manifest names (its `stages` keys), once that manifest's digest
   is verified: gc reads no manifest it cannot trust, and then removes nothing;
-- every cache entry a running build holds (its lease, see pipeline.cache), and every cache entry or scratch folder
+- every cache entry a running build holds (its lease, see pipeline.store), and every cache entry or scratch folder
   younger than `min_age_s` (an entry's age counts from its last use).
 
 Everything else under the artifacts and cache folders that this module recognises (vN/<target> folders, cache
@@ -24,13 +24,22 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.cache import LEASE_PREFIX, RECORD, claim, exclusive_lock, lease_path, remove_dead_scratch
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
-from pipeline.stages.publish import VERSION_FOLDER, model_lock
+from pipeline.store import (
+    LEASE_PREFIX,
+    RECORD,
+    claim,
+    gc_lock,
+    latest_targets,
+    lease_path,
+    leased_entry,
+    model_lock,
+    remove_dead_scratch,
+    version_number,
+)
 
 DEFAULT_MIN_AGE_S = 3600.0
-GC_LOCK = ".gc.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +91,8 @@ def _subfolders(parent: Path, found: Collection, match=lambda p: True) -> list[P
 
 def _versions(model_root: Path, found: Collection) -> list[tuple[int, Path]]:
     """The vN folders of a model, oldest first (symlinked ones reported, not listed)."""
-    folders = _subfolders(model_root, found, lambda p: VERSION_FOLDER.match(p.name) is not None)
-    return sorted((int(VERSION_FOLDER.match(p.name).group(1)), p) for p in folders)
-
-
-def _latest_targets(model_root: Path) -> set[Path]:
-    """The version folders `latest/<target>` links resolve to."""
-    latest = model_root / "latest"
-    pointed = set()
-    for link in latest.iterdir() if latest.is_dir() and not latest.is_symlink() else ():
-        if link.is_symlink():
-            with contextlib.suppress(OSError):
-                pointed.add(link.resolve(strict=True))
-    return pointed
+    folders = _subfolders(model_root, found, lambda p: version_number(p.name) is not None)
+    return sorted((version_number(p.name), p) for p in folders)
 
 
 def _published(artifacts_dir: Path, found: Collection) -> dict[Path, list[tuple[int, Path]]]:
@@ -123,7 +121,7 @@ def _stale(models: dict[Path, list[tuple[int, Path]]], keep: int | None, found: 
         return []
     stale = []
     for root, folders in models.items():
-        pointed = _latest_targets(root)
+        pointed = latest_targets(root)
         by_target: dict[str, list[Path]] = {}
         for _, folder in sorted(folders, reverse=True):  # newest first
             by_target.setdefault(folder.name, []).append(folder)
@@ -168,7 +166,7 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     parent = path.parent
     with contextlib.suppress(OSError):
-        if VERSION_FOLDER.match(parent.name) and not any(parent.iterdir()):
+        if version_number(parent.name) is not None and not any(parent.iterdir()):
             parent.rmdir()
 
 
@@ -208,29 +206,12 @@ def _remove_entry(entry: Path, dry_run: bool, found: Collection) -> None:
 
 def _remove_orphan_leases(stage_dir: Path) -> None:
     for path in stage_dir.glob(f"{LEASE_PREFIX}*"):
-        entry = stage_dir / path.name.removeprefix(LEASE_PREFIX)
+        entry = leased_entry(path)
         if path.is_symlink() or entry.exists() or entry.is_symlink():
             continue
         with contextlib.suppress(OSError), claim(entry) as free:
             if free and not entry.exists():
                 path.unlink()
-
-
-@contextlib.contextmanager
-def gc_lock(cache_dir: Path):
-    """One gc at a time on a cache folder (an exclusive flock on its .gc.lock); nothing where there is no cache."""
-    if not cache_dir.is_dir():
-        yield
-        return
-
-    def refused(err: OSError) -> InputError:
-        return InputError(
-            f"gc cannot take its lock {cache_dir / GC_LOCK} ({err.strerror or err}); nothing was removed. Remove "
-            "that file if it is a symlink, or fix the folder's permissions"
-        )
-
-    with exclusive_lock(cache_dir / GC_LOCK, refused):
-        yield
 
 
 def collect(

@@ -148,3 +148,16 @@ def artifact_copy(published, tmp_path) -> Path:
     for file in copy.iterdir():
         file.chmod(0o644)
     return copy
+
+
+def edit_manifest(folder: Path, change, reseal: bool = True) -> None:
+    """Apply `change(manifest)` to the manifest.json in `folder`; with `reseal`, its digest is recomputed (the
+    digest is no signature: a reader cannot tell the edit)."""
+    from pipeline.runtime.artifact import manifest_digest
+
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    if reseal:
+        manifest["manifest_sha256"] = manifest_digest(manifest)
+    path.write_text(json.dumps(manifest))

@@ -136,22 +136,6 @@ def test_another_kernel_class_revalidates_and_a_new_tune_keeps_the_version(
     assert {"quantize", "validate"} <= set(_rebuilt(other)) and "export" not in _rebuilt(other)
 
 
-def test_dead_builds_scratch_folder_is_removed_by_the_next_build(tmp_path):
-    stage_dir = tmp_path / "quantize"
-    dead = stage_dir / ".tmp-0123-dead"
-    dead.mkdir(parents=True)
-    (dead / cache.OWNER).write_text("")  # its builder held a lock on this file, and is gone
-    (dead / "big.onnx").write_bytes(b"x" * 1000)
-    live = stage_dir / ".tmp-4567-live"
-    live.mkdir()
-    import fcntl
-
-    with open(live / cache.OWNER, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        assert cache.remove_dead_scratch(stage_dir) == [dead]
-    assert live.exists() and not dead.exists()
-
-
 def test_unwritable_cache_is_one_line_error_naming_the_folder(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")

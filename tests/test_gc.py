@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from pipeline.build import build
 from pipeline.cli import main
 from pipeline.errors import ArtifactError, CacheError, InputError
-from pipeline.gc import collect, gc_lock, published_folders
+from pipeline.gc import collect, published_folders
 from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest
-from pipeline.stages.publish import model_lock
+from pipeline.store import gc_lock, model_lock
 
 from .conftest import write_target
 

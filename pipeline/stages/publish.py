@@ -4,8 +4,9 @@
     artifacts/<model>/latest/<target>  -> ../v<N>/<target>
 
 The artifact is assembled in a staging folder beside the versions and renamed into place in one step, under a
-lock, so a killed build never leaves a half-written version. Published versions are never overwritten; a
-rebuild whose content equals a published version reports that version instead of adding one.
+lock (pipeline.store owns the layout and the lock), so a killed build never leaves a half-written version.
+Published versions are never overwritten; a rebuild whose content equals a published version reports that version
+instead of adding one.
 """
 
 from __future__ import annotations
@@ -17,18 +18,25 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
-import uuid
 from pathlib import Path
 
 from pipeline import faults
-from pipeline.cache import exclusive_lock, package_versions
+from pipeline.cache import package_versions
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
 from pipeline.runtime.host import describe_host, kernel_class
 from pipeline.stages import engine
+from pipeline.store import (
+    model_lock,
+    model_root,
+    new_staging,
+    next_version,
+    point_latest,
+    remove_stale_staging,
+    version_folders,
+)
 from pipeline.targets import Target
 from pipeline.timing import COST
 
@@ -47,12 +55,6 @@ PACKAGES = (
 )
 # Stages whose key holds the build host itself: what they found is recorded, but is not the artifact's identity.
 HOST_STAGES = ("tune",)
-VERSION_FOLDER = re.compile(r"^v(\d+)$")
-
-
-def published_versions(model_root: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in model_root.glob("v*") if (m := VERSION_FOLDER.match(p.name)) and p.is_dir()]
-    return sorted(found)
 
 
 def _package_versions() -> dict[str, str]:
@@ -63,32 +65,6 @@ def _package_versions() -> dict[str, str]:
 
 def _host() -> dict:
     return {k: v for k, v in describe_host().items() if k != "kernel_flags"}
-
-
-@contextlib.contextmanager
-def model_lock(model_root: Path):
-    """An exclusive lock on one model's artifact tree, held while a version is chosen and renamed into place."""
-    model_root.mkdir(parents=True, exist_ok=True)
-
-    def refused(err: OSError) -> ArtifactError:
-        return ArtifactError(
-            f"cannot take the lock {model_root / '.lock'} ({err.strerror or err}); remove it if it is a symlink, "
-            "or fix the folder's permissions"
-        )
-
-    with exclusive_lock(model_root / ".lock", refused):
-        yield
-
-
-def _point_latest(model_root: Path, version: str, target: str) -> None:
-    latest = model_root / "latest"
-    latest.mkdir(exist_ok=True)
-    link = latest / target
-    for stale in latest.glob(f".{target}.*"):  # left by a build killed between link and rename
-        stale.unlink(missing_ok=True)
-    scratch = latest / f".{target}.{uuid.uuid4().hex}"
-    os.symlink(f"../{version}/{target}", scratch)
-    os.replace(scratch, link)  # atomic: readers see the old version or the new one, never neither
 
 
 def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
@@ -156,8 +132,8 @@ def _tuned(manifest: Manifest) -> dict:
     return next((r.metrics["best"] for r in manifest.stages if r.name == "tune"), {})
 
 
-def _existing(model_root: Path, target: str, content_id: str) -> str | None:
-    for _, version_dir in reversed(published_versions(model_root)):
+def _existing(root: Path, target: str, content_id: str) -> str | None:
+    for _, version_dir in reversed(version_folders(root)):
         with contextlib.suppress(OSError, ValueError):
             existing = json.loads((version_dir / target / MANIFEST_NAME).read_text())
             if existing.get("content_id") == content_id:
@@ -224,39 +200,33 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     manifest.stage("validate")  # nothing unvalidated is published
     export = manifest.stage("export")
     sources = {**manifest.graph_files(), "tokenizer.json": export.output("tokenizer.json")}
-    model_root = Path(manifest.artifacts_dir) / manifest.model_name
+    root = model_root(manifest.artifacts_dir, manifest.model_name)
     content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
     content_id = hashlib.sha256(canonical_json(content)).hexdigest()
     try:
-        with model_lock(model_root):
-            # Left by a build killed while publishing; only a lock holder stages, so none is in use now.
-            for stale in model_root.glob(".staging-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            version = _existing(model_root, target.name, content_id)
+        with model_lock(root):
+            remove_stale_staging(root)
+            version = _existing(root, target.name, content_id)
             reused = version is not None
             if not reused:
-                number = (
-                    max([n for n, p in published_versions(model_root) if (p / target.name).exists()], default=0) + 1
-                )
-                version = f"v{number}"
-                staging = model_root / f".staging-{uuid.uuid4().hex}"
-                staging.mkdir()
+                version = next_version(root, target.name)
+                staging = new_staging(root)
                 try:
                     _write_staging(staging, manifest, target, sources, content, version)
                     faults.point("publish-staged")
-                    (model_root / version).mkdir(exist_ok=True)
-                    os.rename(staging, model_root / version / target.name)
+                    (root / version).mkdir(exist_ok=True)
+                    os.rename(staging, root / version / target.name)
                 except BaseException:
                     shutil.rmtree(staging, ignore_errors=True)
                     raise
                 faults.point("publish-renamed")
-            _point_latest(model_root, version, target.name)
+            point_latest(root, version, target.name)
     except OSError as err:
         raise ArtifactError(
-            f"publishing {manifest.model_name} to {model_root} failed: {err.strerror or err} "
-            f"({err.filename or model_root}); nothing was published. Free space or fix permissions, then rebuild."
+            f"publishing {manifest.model_name} to {root} failed: {err.strerror or err} "
+            f"({err.filename or root}); nothing was published. Free space or fix permissions, then rebuild."
         ) from None
-    path = model_root / version / target.name
+    path = root / version / target.name
     engines = engine.cache_built_engines(manifest, path)
     return dataclasses.replace(
         manifest,

@@ -98,6 +98,17 @@ def test_no_stage_imports_the_benchmarks():
     assert not offenders, offenders
 
 
+def test_gc_and_the_store_import_no_stage():
+    # gc and the cache share the layout and locks through pipeline.store, never through a stage's module.
+    offenders = [
+        f"{name}: {module}"
+        for name in ("gc.py", "store.py", "cache.py")
+        for module in _imports(PIPELINE / name)
+        if module == "pipeline.stages" or module.startswith("pipeline.stages.")
+    ]
+    assert not offenders, offenders
+
+
 def test_jinja2_is_imported_lazily_and_only_by_chat():
     # A module-level import would cost every loader the import; only the first chat call pays it.
     for path in sorted((PIPELINE / "runtime").rglob("*.py")):

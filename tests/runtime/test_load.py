@@ -11,19 +11,9 @@ import pytest
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load, verify_artifact
-from pipeline.runtime.artifact import manifest_digest
 
-from ..conftest import REPO, SMALL_TEXTS, _publish, write_target
+from ..conftest import REPO, SMALL_TEXTS, _publish, edit_manifest, write_target
 from ..tiny import make_decoder
-
-
-def _edit_manifest(folder, change, reseal=True):
-    path = folder / "manifest.json"
-    manifest = json.loads(path.read_text())
-    change(manifest)
-    if reseal:
-        manifest["manifest_sha256"] = manifest_digest(manifest)
-    path.write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
@@ -71,7 +61,7 @@ def test_load_raises_one_line_artifact_error_naming_the_file_when_tokenizer_is_c
 
     tokenizer = artifact_copy / "tokenizer.json"
     tokenizer.write_text(content)
-    _edit_manifest(artifact_copy, lambda m: m["files"].update({"tokenizer.json": sha256_file(tokenizer)}))
+    edit_manifest(artifact_copy, lambda m: m["files"].update({"tokenizer.json": sha256_file(tokenizer)}))
     verify_artifact(artifact_copy)  # the hashes hold: what fails is reading the tokenizer
     with pytest.raises(ArtifactError, match=r"tokenizer\.json is not a tokenizer the tokenizers library can read") as e:
         load(artifact_copy)
@@ -79,13 +69,13 @@ def test_load_raises_one_line_artifact_error_naming_the_file_when_tokenizer_is_c
 
 
 def test_load_refuses_edited_manifest(artifact_copy):
-    _edit_manifest(artifact_copy, lambda m: m["validation"].update(cosine_min=1.0), reseal=False)
+    edit_manifest(artifact_copy, lambda m: m["validation"].update(cosine_min=1.0), reseal=False)
     with pytest.raises(ArtifactError, match=r"manifest\.json was edited after publishing"):
         load(artifact_copy)
 
 
 def test_load_refuses_manifest_from_another_version(artifact_copy):
-    _edit_manifest(artifact_copy, lambda m: m.update(version="v7"))
+    edit_manifest(artifact_copy, lambda m: m.update(version="v7"))
     with pytest.raises(
         ArtifactError, match=r"belongs to tiny-bert/v7/cpu-avx2-dynamic, but sits in tiny-bert/v1/cpu-avx2-dynamic"
     ):
@@ -113,7 +103,7 @@ def test_load_refuses_missing_folder(tmp_path):
 
 
 def test_load_warns_or_refuses_when_host_lacks_flags(artifact_copy):
-    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx2", "no_such_flag"]))
+    edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx2", "no_such_flag"]))
     with pytest.warns(HostMismatchWarning, match="lacks CPU flags no_such_flag"):
         load(artifact_copy)
     with pytest.raises(ArtifactError, match="lacks CPU flags no_such_flag"):
@@ -122,7 +112,7 @@ def test_load_warns_or_refuses_when_host_lacks_flags(artifact_copy):
 
 @pytest.mark.skipif("avx512f" in (cpu_flags() or ()), reason="this host has AVX-512")
 def test_load_warns_for_avx512_artifact_on_avx2_host(artifact_copy):
-    _edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx512f", "avx512bw"]))
+    edit_manifest(artifact_copy, lambda m: m["target_spec"].update(required_cpu_flags=["avx512f", "avx512bw"]))
     with pytest.warns(HostMismatchWarning, match="avx512bw, avx512f"):
         load(artifact_copy)
 
@@ -130,7 +120,7 @@ def test_load_warns_for_avx512_artifact_on_avx2_host(artifact_copy):
 def test_load_warns_when_int8_kernels_differ_from_build_host(artifact_copy):
     flags = sorted(cpu_flags() or ())
     changed = [f for f in flags if f != "avx512_vnni"] if "avx512_vnni" in flags else flags + ["avx512_vnni"]
-    _edit_manifest(artifact_copy, lambda m: m["host"].update(cpu_flags=changed))
+    edit_manifest(artifact_copy, lambda m: m["host"].update(cpu_flags=changed))
     with pytest.warns(HostMismatchWarning, match="differ in avx512_vnni"):
         load(artifact_copy)
 
@@ -162,7 +152,7 @@ def test_model_run_truncates_overlong_input(published):
 
 
 def test_model_run_refuses_overlong_when_target_says(artifact_copy):
-    _edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
+    edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
     with pytest.raises(InputError, match=r"input 0 is \d+ tokens, over the model's 128"):
         load(artifact_copy).run(["word " * 500])
 
@@ -325,7 +315,7 @@ def test_load_refuses_a_renamed_or_missing_data_file_in_one_line(external, tmp_p
 def test_load_refuses_a_graph_whose_data_file_the_manifest_dropped(external, tmp_path):
     copy = _copy_artifact(external[1]["cpu-fp32"], tmp_path)
     (copy / "model.onnx.data").unlink()
-    _edit_manifest(copy, lambda m: m["files"].pop("model.onnx.data"))  # resealed: the digest is no signature
+    edit_manifest(copy, lambda m: m["files"].pop("model.onnx.data"))  # resealed: the digest is no signature
     with pytest.raises(ArtifactError, match=r"model\.onnx cannot be opened: .*model\.onnx\.data") as caught:
         load(copy)
     assert "\n" not in str(caught.value)

@@ -4,53 +4,29 @@ artifacts that load and match PyTorch, and the host's kernel class on record."""
 import json
 import subprocess
 import sys
-import time
 import types
 
 import numpy as np
 import pytest
 
-from pipeline.build import build
 from pipeline.errors import AccuracyError, ArtifactError, TargetError
 from pipeline.reference import checkpoint_from_source, pytorch_outputs
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.candidates import CannotWin, Screen, judge_candidates
 from pipeline.stages.publish import TIMED
 from pipeline.stages.search import _no_winner, choose
-from pipeline.targets import Accuracy, Candidate, load_target, native_target
+from pipeline.targets import load_target, native_target
 
 from ..conftest import REPO, SMALL_TEXTS, write_target
+from .conftest import assert_chosen_is_the_fastest_that_passed_held_out, build_into
 
 OPENVINO_FP32 = [{"name": "openvino-fp32", "engine": "openvino", "precision": "fp32"}]
-
-
-def _build(checkpoint, target, texts_file, calibration_file, tmp_path):
-    return build(
-        checkpoint,
-        str(target),
-        validation=texts_file,
-        calibration=calibration_file,
-        artifacts_dir=tmp_path / "a",
-        cache_dir=tmp_path / "c",
-    )
-
-
-def assert_chosen_is_the_fastest_that_passed_held_out(rows: list[dict]) -> None:
-    """The chosen row passed on both splits; every faster row that passed the development split missed on
-    held-out text, and no slower row was held to it."""
-    [chosen] = [r for r in rows if r["chosen"]]
-    assert chosen["status"] == "passed" and chosen["held_out"]["status"] == "passed"
-    for row in rows:
-        if row["status"] == "passed" and row is not chosen:
-            faster = row["score"] < chosen["score"]
-            assert (row.get("held_out") or {}).get("status") == ("missed" if faster else None)
 
 
 @pytest.fixture(scope="module")
 def searched(tiny_bert, texts_file, calibration_file, tmp_path_factory):
     """The tiny BERT built for cpu-avx2: every candidate of the target searched."""
-    return _build(tiny_bert, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
+    return build_into(tiny_bert, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
 
 
 def test_search_reports_every_candidate_and_chooses_the_fastest_that_passed(searched):
@@ -120,13 +96,13 @@ def test_choose_falls_back_to_the_next_fastest_that_passes_on_held_out_text(tmp_
 def test_build_fails_naming_the_closest_candidate_when_none_passes(tiny_bert, texts_file, calibration_file, tmp_path):
     target = write_target(tmp_path, "strict", base="cpu-avx2", accuracy__max_abs_diff=0.0)
     with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was [a-z0-9-]+: "):
-        _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+        build_into(tiny_bert, target, texts_file, calibration_file, tmp_path)
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 
 def test_openvino_artifact_loads_and_matches_pytorch(tiny_bert, texts_file, calibration_file, tmp_path):
     target = write_target(tmp_path, "ov", base="cpu-avx2", candidates=OPENVINO_FP32)
-    manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+    manifest = build_into(tiny_bert, target, texts_file, calibration_file, tmp_path)
     folder = manifest.published["path"]
     published = json.loads(open(f"{folder}/manifest.json").read())
     assert published["backend"] == "openvino" and published["graph"] == "model.xml"
@@ -168,7 +144,7 @@ def test_target_of_another_class_records_where_it_was_measured(tiny_bert, texts_
     # The first CPU target whose kernel class is not this host's, whatever the host (AVX2, AVX-512 or AMX).
     target = next(t for t in ("cpu-amx", "cpu-avx512", "cpu-avx2") if load_target(t).kernel_class != kernel_class())
     spec = load_target(target)
-    manifest = _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
+    manifest = build_into(tiny_bert, target, texts_file, calibration_file, tmp_path)
     published = json.loads(open(manifest.published["path"] + "/manifest.json").read())
     assert published["measured_on"] == {
         "kernel_class": kernel_class(),
@@ -191,78 +167,4 @@ def test_target_whose_candidates_all_need_missing_flags_is_refused_naming_them(
     only = [{**OPENVINO_FP32[0], "name": "needs-flag", "required_cpu_flags": ["no_such_flag"]}]
     target = write_target(tmp_path, "unbuildable", base="cpu-avx2", candidates=only)
     with pytest.raises(TargetError, match=r"lack.* \(no_such_flag\); .* or build cpu-"):
-        _build(tiny_bert, target, texts_file, calibration_file, tmp_path)
-
-
-def test_a_candidate_that_onnx_runtime_refuses_or_that_cannot_open_a_file_is_a_failed_row(tmp_path):
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    node = helper.make_node("NoSuchOperator", ["x"], ["y"], domain="no.such.domain")
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("no.such.domain", 1)]
-    )
-    onnx.save(model, str(tmp_path / "refused.onnx"))
-    gate = Accuracy(cosine_min=0.99)
-
-    def make(candidate):
-        if candidate.name == "refused":
-            ort.InferenceSession(str(tmp_path / "refused.onnx"), providers=["CPUExecutionProvider"])
-        if candidate.name == "unreadable":
-            (tmp_path / "missing" / "model.onnx").read_bytes()
-        return "built", "model", {"cosine_min": 1.0}, gate, {}
-
-    rows, built = judge_candidates(
-        [Candidate(name, "onnxruntime", "fp32") for name in ("refused", "unreadable", "fine")],
-        frozenset(),
-        "test",
-        make,
-    )
-    assert [r["status"] for r in rows] == ["failed", "failed", "passed"] and list(built) == ["fine"]
-    refused, unreadable = rows[0]["reason"], rows[1]["reason"]
-    assert refused.startswith(("Fail: ", "InvalidGraph: ", "NotImplemented: ")) and "NoSuchOperator" in refused
-    assert unreadable.startswith("FileNotFoundError: [Errno 2]") and "\n" not in refused + unreadable
-
-
-def _sleeping_screen(passed: dict) -> Screen:
-    """A screen over "models" that are seconds to sleep at each of two shapes: {shape: seconds}."""
-    screen = Screen(lambda _: {shape: (lambda m, s=shape: lambda: time.sleep(m[s])) for shape in ("b1", "b8")})
-    screen.passed.update(passed)
-    return screen
-
-
-def test_screen_drops_a_candidate_slower_at_every_shape_and_keeps_one_faster_at_any():
-    screen = _sleeping_screen({"fast": {"b1": 0.002, "b8": 0.004}})
-    with pytest.raises(CannotWin, match="slower than fast, which passed, at b1, b8") as raised:
-        screen.could_win({"b1": 0.02, "b8": 0.04})
-    assert all(ratio > 3 for ratio in raised.value.ratios.values())
-    screen.could_win({"b1": 0.02, "b8": 0.0005})  # faster at one shape: it could still win on the score
-    Screen(lambda _: {}).could_win({"b1": 1.0})  # nothing passed yet: anything could win
-
-
-def test_candidates_with_a_fallback_are_built_last_and_a_dropped_one_is_a_row_in_target_order():
-    order = []
-    gate = Accuracy(cosine_min=0.99)
-    screen = _sleeping_screen({})
-
-    def make(candidate):
-        order.append(candidate.name)
-        if candidate.quantize == "dynamic":
-            screen.could_win({"b1": 0.02, "b8": 0.04})
-        return "built", {"b1": 0.002, "b8": 0.004}, {"cosine_min": 1.0}, gate, {}
-
-    candidates = [
-        Candidate("int8", "onnxruntime", "int8", quantize="dynamic"),
-        Candidate("fp32", "onnxruntime", "fp32"),
-    ]
-    rows, built = judge_candidates(candidates, frozenset(), "test", make, screen)
-    assert order == ["fp32", "int8"] and [r["name"] for r in rows] == ["int8", "fp32"]
-    assert rows[0]["status"] == "dropped" and "slower than fp32" in rows[0]["reason"] and list(built) == ["fp32"]
-    assert rows[0]["screen_ratios"]["b1"] > 3 and rows[0]["build_seconds"] > 0 and list(screen.passed) == ["fp32"]
+        build_into(tiny_bert, target, texts_file, calibration_file, tmp_path)

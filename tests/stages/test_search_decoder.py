@@ -18,7 +18,7 @@ from pipeline.targets import load_target
 
 from ..conftest import write_target
 from ..tiny import make_decoder
-from .test_search import _build, assert_chosen_is_the_fastest_that_passed_held_out
+from .conftest import assert_chosen_is_the_fastest_that_passed_held_out, build_into
 
 FP32 = {
     "name": "fp32",
@@ -45,7 +45,7 @@ def llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def searched(llama, texts_file, calibration_file, tmp_path_factory):
     """The tiny Llama built for cpu-avx2: its decoder candidates searched."""
-    return _build(llama, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
+    return build_into(llama, "cpu-avx2", texts_file, calibration_file, tmp_path_factory.mktemp("search"))
 
 
 def test_decoder_search_reports_each_candidate_with_its_gate_and_decode_timings(searched):
@@ -100,7 +100,7 @@ def test_a_decoder_candidate_whose_greedy_prefix_misses_on_the_development_split
     }
     gated = {**INT4, "accuracy": {**loose, "greedy_prefix_agreement": (1 + measured) / 2}}
     target = write_target(tmp_path, "prefix", base="cpu-avx2", candidates=[FP32, gated])
-    manifest = _build(llama, target, texts_file, calibration_file, tmp_path)
+    manifest = build_into(llama, target, texts_file, calibration_file, tmp_path)
     rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
     assert rows["int4"]["status"] == "missed" and rows["int4"]["greedy_prefix_agreement"] == measured
     assert [m.split(" ")[0] for m in rows["int4"]["missed"]] == ["greedy_prefix_agreement"]
@@ -137,7 +137,7 @@ def test_a_decoder_candidate_that_misses_is_a_row_and_the_one_that_passes_is_cho
 ):
     impossible = {**INT4, "accuracy": {"perplexity_ratio": 1.0, "teacher_top1_agreement": 1.0, "greedy_match": 0.0}}
     target = write_target(tmp_path, "mixed", base="cpu-avx2", candidates=[FP32, impossible])
-    manifest = _build(llama, target, texts_file, calibration_file, tmp_path)
+    manifest = build_into(llama, target, texts_file, calibration_file, tmp_path)
     rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
     assert rows["int4"]["status"] == "missed" and rows["int4"]["missed"]
     assert rows["fp32"]["chosen"] and manifest.published["path"]
@@ -148,7 +148,7 @@ def test_decoder_build_fails_naming_the_closest_when_no_candidate_passes(llama, 
     int8 = {**INT4, "name": "int8", "bits": 8, "precision": "int8", "accuracy": gate}
     target = write_target(tmp_path, "strict", base="cpu-avx2", candidates=[int8, {**INT4, "accuracy": gate}])
     with pytest.raises(AccuracyError, match=r"no candidate of target strict passes .* the closest was int[48]: "):
-        _build(llama, target, texts_file, calibration_file, tmp_path)
+        build_into(llama, target, texts_file, calibration_file, tmp_path)
     assert not list((tmp_path / "a").rglob("manifest.json"))
 
 

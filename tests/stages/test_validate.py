@@ -6,6 +6,8 @@ from pipeline.metrics import compare, failures, worst
 from pipeline.stages.validate import validate_artifact
 from pipeline.targets import Accuracy
 
+from ..conftest import edit_manifest
+
 
 def test_compare_embedding_identical_is_perfect():
     vectors = np.random.default_rng(0).normal(size=(20, 8))
@@ -69,9 +71,7 @@ def test_validate_artifact_passes_published_artifact(published, texts_file):
 
 
 def test_validate_artifact_raises_when_thresholds_missed(artifact_copy, texts_file):
-    from ..runtime.test_load import _edit_manifest
-
-    _edit_manifest(artifact_copy, lambda m: m["target_spec"]["accuracy"].update(max_abs_diff=0.0))
+    edit_manifest(artifact_copy, lambda m: m["target_spec"]["accuracy"].update(max_abs_diff=0.0))
     with pytest.raises(AccuracyError, match="misses its thresholds on this host: max_abs_diff"):
         validate_artifact(artifact_copy, texts_file)
 
