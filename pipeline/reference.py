@@ -242,10 +242,23 @@ def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
     return outputs
 
 
-# The last few baselines computed in this process, by (checkpoint record, text digest, new tokens): the search's
-# held-out check and validation ask for the same one.
+# The last few baselines computed in this process, by (checkpoint record, text digest, new tokens, batch size): the
+# search's held-out check and validation ask for the same one.
 _BASELINES: dict = {}
 _KEPT_BASELINES = 4
+
+
+def _request(checkpoint: Checkpoint, texts: list, new_tokens: int) -> tuple:
+    record = json.dumps(dataclasses.asdict(checkpoint), sort_keys=True, default=str)
+    return record, hashlib.sha256(json.dumps(texts).encode()).hexdigest(), new_tokens
+
+
+def _remembered(key: tuple, compute):
+    if key not in _BASELINES:
+        while len(_BASELINES) >= _KEPT_BASELINES:
+            _BASELINES.pop(next(iter(_BASELINES)))
+        _BASELINES[key] = compute()
+    return _BASELINES[key]
 
 
 def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
@@ -253,25 +266,34 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
     modules, else the transformers model with the same pooling or head; token classification and question
     answering give one array per text; fill-mask gives the vocabulary logits at the masked positions
     (`masked_row`), all texts' rows in one array; text generation gives next-token logits and greedy
-    continuations of `new_tokens` tokens. The same request in one process is answered once (callers must not
-    modify the result)."""
-    text_digest = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
-    key = (json.dumps(dataclasses.asdict(checkpoint), sort_keys=True, default=str), text_digest, new_tokens)
-    if key not in _BASELINES:
-        while len(_BASELINES) >= _KEPT_BASELINES:
-            _BASELINES.pop(next(iter(_BASELINES)))
-        _BASELINES[key] = _pytorch_outputs(checkpoint, texts, new_tokens)
-    return _BASELINES[key]
+    continuations of `new_tokens` tokens (`generation_reference`). The same request in one process is answered
+    once (callers must not modify the result)."""
+    if checkpoint.task == "text-generation":
+        return generation_reference(checkpoint, texts, new_tokens)
+    return _remembered((*_request(checkpoint, texts, new_tokens), 0), lambda: _pytorch_outputs(checkpoint, texts))
 
 
-def _pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int):
+def generation_reference(checkpoint: Checkpoint, texts: list, new_tokens: int, batch_size: int = 1, model=None):
+    """`generation_outputs` of the checkpoint's PyTorch model (`model`, where already loaded), answered once per
+    process for the same request; an exact answer (one prompt at a time) at hand serves a batched request too."""
+    request = _request(checkpoint, texts, new_tokens)
+    for size in (1, batch_size):
+        if (*request, size) in _BASELINES:
+            return _BASELINES[(*request, size)]
+
+    def compute():
+        torch_model = model if model is not None else load_torch_model(checkpoint)
+        tokenizer = load_hf_tokenizer(checkpoint)
+        return generation_outputs(torch_model, tokenizer, texts, new_tokens, checkpoint.max_length, batch_size)
+
+    return _remembered((*request, batch_size), compute)
+
+
+def _pytorch_outputs(checkpoint: Checkpoint, texts: list):
     pooling = checkpoint.pooling or {}
     if checkpoint.task == "feature-extraction" and (pooling.get("normalize") or pooling.get("dense")):
         model = sentence_transformer(checkpoint)
         return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=pooling["normalize"])
-    if checkpoint.task == "text-generation":
-        model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
-        return generation_outputs(model, tokenizer, texts, new_tokens, checkpoint.max_length)
     outputs = _encoder_outputs(checkpoint, texts)
     if checkpoint.task == "fill-mask":
         return np.concatenate(outputs)

@@ -7,7 +7,14 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
-from pipeline.reference import _until_eos, checkpoint_from_source, dense_layers, pooled_module, pytorch_outputs
+from pipeline.reference import (
+    _until_eos,
+    checkpoint_from_source,
+    dense_layers,
+    generation_reference,
+    pooled_module,
+    pytorch_outputs,
+)
 
 from .conftest import SMALL_TEXTS
 from .tiny import make_checkpoint
@@ -126,6 +133,14 @@ def test_pytorch_outputs_answer_the_same_request_once_in_a_process(tiny_bert):
     assert pytorch_outputs(checkpoint, TEXTS[1:]) is not first  # other texts: another baseline
     other = pytorch_outputs(_checkpoint(tiny_bert, pooling={"mode": "cls", "normalize": False}), TEXTS[:1])
     assert not np.allclose(other, first)
+
+
+def test_an_exact_generation_reference_serves_a_batched_request_and_not_the_reverse(tiny_gpt2):
+    checkpoint = _checkpoint(tiny_gpt2, "text-generation")
+    batched = generation_reference(checkpoint, TEXTS, 4, batch_size=2)
+    exact = generation_reference(checkpoint, TEXTS, 4)  # one prompt at a time: not the batched answer
+    assert exact is not batched and generation_reference(checkpoint, TEXTS, 4, batch_size=8) is exact
+    assert pytorch_outputs(checkpoint, TEXTS, new_tokens=4) is exact  # the search's and validation's request
 
 
 def _dense_folder(folder, out_features=8, bias=True, shape=None):

@@ -27,7 +27,7 @@ from pipeline.console import progress
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.recipes import Job, recipe_for
-from pipeline.reference import generation_outputs, load_hf_tokenizer, load_torch_model
+from pipeline.reference import generation_reference, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
@@ -151,10 +151,10 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     """Build (with its recipe), judge and time every decoder candidate on `texts["development"]`; returns (rows,
     {name: Built} for the built ones, `check(name) -> (stats, missed)` on `texts["held_out"]`)."""
     checkpoint = manifest.checkpoint
-    torch_model, tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
+    torch_model = load_torch_model(checkpoint)
 
     development, held_out = (
-        (split, generation_outputs(torch_model, tokenizer, split, target.generation.new_tokens, checkpoint.max_length))
+        (split, generation_reference(checkpoint, split, target.generation.new_tokens, model=torch_model))
         for split in (texts["development"], texts["held_out"])
     )
     del torch_model
