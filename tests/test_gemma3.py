@@ -1,6 +1,7 @@
 """A real trained Gemma 3 (270M, tests/gemma3.py) at fp32: greedy output equal to transformers', with every layer's
 attention in GroupQueryAttention (local_window_size on the five sliding layers of every six, the local rotary
-there, query_pre_attn_scalar as the scale). Slow tier: the conversion and the build take minutes here."""
+there, query_pre_attn_scalar as the scale); and built for `native` (the decoder search, on the same export) passing
+its gate. Slow tier: the conversion and the builds take minutes here."""
 
 import json
 from pathlib import Path
@@ -24,7 +25,7 @@ def gemma3_build(tmp_path_factory):
     )
     checkpoint = make()
     root = tmp_path_factory.mktemp("gemma3")
-    return checkpoint, build(checkpoint, "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c")
+    return checkpoint, build(checkpoint, "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c"), root
 
 
 def _hf_greedy(folder: Path, prompt: str, new_tokens: int) -> tuple:
@@ -40,7 +41,7 @@ def _hf_greedy(folder: Path, prompt: str, new_tokens: int) -> tuple:
 
 
 def test_gemma3_fp32_greedy_equals_transformers_alone_and_batched(gemma3_build):
-    checkpoint, manifest = gemma3_build
+    checkpoint, manifest, _ = gemma3_build
     folder = Path(manifest.published["path"])
     validation = json.loads((folder / "manifest.json").read_text())["validation"]
     assert validation["greedy_match"] == 1.0 and all(row["passed"] for row in validation["verdict"])
@@ -56,7 +57,7 @@ def test_gemma3_fp32_greedy_equals_transformers_alone_and_batched(gemma3_build):
 
 
 def test_gemma3_attention_becomes_group_query_attention_with_local_windows_on_the_sliding_layers(gemma3_build):
-    _, manifest = gemma3_build
+    _, manifest, _ = gemma3_build
     attention = manifest.stage("export").metrics["attention"]
     assert attention["op"] == "GroupQueryAttention" and attention["layers"] == 18
     print(f"Gemma 3 270M: {attention['nodes_before']} nodes exported, {attention['nodes_after']} after the rewrite")
@@ -68,3 +69,27 @@ def test_gemma3_attention_becomes_group_query_attention_with_local_windows_on_th
     assert [n.input[7] for n in nodes] == (["gqa/rotary_emb_local/cos"] * 5 + ["gqa/rotary_emb/cos"]) * 3
     scales = {round(next(a.f for a in n.attribute if a.name == "scale"), 6) for n in nodes}
     assert scales == {round(256**-0.5, 6)} and not any(n.op_type == "Softmax" for n in graph.graph.node)
+
+
+def test_gemma3_native_search_publishes_a_candidate_that_passes_its_gate(gemma3_build, texts_file, calibration_file):
+    checkpoint, fp32, root = gemma3_build
+    manifest = build(
+        checkpoint,
+        "native",
+        validation=texts_file,
+        calibration=calibration_file,
+        artifacts_dir=root / "a",
+        cache_dir=root / "c",
+    )
+    assert manifest.stage("export").key == fp32.stage("export").key  # one export for both targets
+    search = manifest.stage("search").metrics
+    rows = search["candidates"]
+    assert search["chosen"] == next(r["name"] for r in rows if r["chosen"])
+    validation = json.loads((Path(manifest.published["path"]) / "manifest.json").read_text())["validation"]
+    assert all(row["passed"] for row in validation["verdict"])
+    [completion] = load(manifest.published["path"]).generate(PROMPTS[:1], max_new_tokens=8)
+    assert completion.token_ids
+    print(f"\nGemma 3 270M on native: chosen {search['chosen']}")
+    for row in rows:
+        cost = sum(row.get(k) or 0 for k in ("build_seconds", "timing_seconds", "held_out_seconds"))
+        print(f"  {row['name']:<20} {row['status']:<8} {cost:7.1f} s  {row.get('reason') or ''}")

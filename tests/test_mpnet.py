@@ -1,6 +1,7 @@
 """A real trained encoder (all-mpnet-base-v2, tests/mpnet.py): its config names MPNetForMaskedLM, its
 sentence-transformers modules make it an embedding model. Built for cpu-fp32 (no search: fast and deterministic),
-the artifact's embeddings are SentenceTransformer.encode's. Slow tier: the checkpoint is 438 MB."""
+the artifact's embeddings are SentenceTransformer.encode's; built for `native` (the search, sharing the export), it
+passes the target's gate and every candidate is a row with its cost. Slow tier: the checkpoint is 438 MB."""
 
 import json
 from pathlib import Path
@@ -56,3 +57,37 @@ def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
         f"\nall-mpnet-base-v2: cosine min {cosine.min():.7f}, max abs {np.abs(got - expected).max():.2e}, "
         f"nodes {optimize['nodes_before']} -> {optimize['nodes_after']}"
     )
+
+
+def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_targets_thresholds(
+    mpnet_checkpoint, texts_file, calibration_file, tmp_path
+):
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.runtime.host import kernel_class
+    from pipeline.targets import load_target, native_target
+
+    manifest = build(
+        mpnet_checkpoint,
+        "native",
+        validation=texts_file,
+        calibration=calibration_file,
+        artifacts_dir=tmp_path / "artifacts",
+        cache_dir=tmp_path / "cache",
+    )
+    search = manifest.stage("search").metrics
+    rows = search["candidates"]
+    assert search["chosen"] == next(r["name"] for r in rows if r["chosen"])
+    assert all(r["status"] in ("passed", "missed", "dropped", "skipped", "failed") for r in rows)
+    assert all(r["build_seconds"] > 0 for r in rows if r["status"] != "skipped")
+    target = native_target(kernel_class())
+    accuracy = load_target(target).with_candidate(search["chosen"]).accuracy
+    got = load(manifest.published["path"]).run(SENTENCES)
+    reference = SentenceTransformer(str(mpnet_checkpoint), device="cpu", trust_remote_code=False)
+    expected = reference.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=True)
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= accuracy.cosine_min and cosine.mean() >= accuracy.cosine_mean
+    print(f"\nall-mpnet-base-v2 on {target}: chosen {search['chosen']}, cosine min {cosine.min():.5f}")
+    for row in rows:
+        cost = sum(row.get(k) or 0 for k in ("build_seconds", "timing_seconds", "held_out_seconds"))
+        print(f"  {row['name']:<18} {row['status']:<8} {cost:7.1f} s  {row.get('reason') or ''}")
