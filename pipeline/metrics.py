@@ -66,17 +66,27 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def teacher_forced_stats(reference: dict, candidate: list[np.ndarray]) -> dict:
-    """Behaviour along held-out continuations (reference: `teacher_forced`'s prompts, continuations and logits):
-    the share of positions where the candidate's top token is the reference's, and the candidate's perplexity on
-    the true next tokens over the reference's (1.0: as sure of the real text as PyTorch)."""
+def teacher_scores(logits, tokens) -> dict:
+    """What the teacher-forced gate keeps of one text's logits along its continuation ([positions, vocabulary]):
+    the top token at each position and the negative log-likelihood of the true next token (`tokens`). Whole rows
+    are a vocabulary wide (262,144 floats a position for Gemma 3), and a build holds many texts' at once."""
+    x = np.asarray(logits, dtype=np.float32)
+    rows = np.arange(len(tokens))
+    top = x.max(-1)
+    log_total = top.astype(np.float64) + np.log(np.exp(x - top[:, None]).sum(-1, dtype=np.float64))
+    return {"top1": x.argmax(-1).astype(np.int64), "nll": log_total - x[rows, list(tokens)].astype(np.float64)}
+
+
+def teacher_forced_stats(reference: dict, candidate: list[dict]) -> dict:
+    """Behaviour along held-out continuations (reference: `teacher_forced`'s prompts, continuations and each
+    text's `teacher_scores`; candidate: its own scores along the same continuations): the share of positions where
+    the candidate's top token is the reference's, and the candidate's perplexity on the true next tokens over the
+    reference's (1.0: as sure of the real text as PyTorch)."""
     agree, nll_reference, nll_candidate = [], [], []
-    for ref, cand, tokens in zip(reference["logits"], candidate, reference["continuations"], strict=True):
-        ref, cand = np.asarray(ref, dtype=np.float64), np.asarray(cand, dtype=np.float64)
-        rows = np.arange(len(tokens))
-        agree.append(ref.argmax(-1) == cand.argmax(-1))
-        nll_reference.append(-_log_softmax(ref)[rows, tokens])
-        nll_candidate.append(-_log_softmax(cand)[rows, tokens])
+    for ref, cand in zip(reference["scores"], candidate, strict=True):
+        agree.append(ref["top1"] == cand["top1"])
+        nll_reference.append(ref["nll"])
+        nll_candidate.append(cand["nll"])
     if not agree:
         reason = "no text has the 4 tokens a prompt and a held-out continuation need"
         return {NOT_MEASURED: {"teacher_top1_agreement": reason, "perplexity_ratio": reason}}
@@ -265,17 +275,18 @@ def teacher_reference(model, texts: list[str], batch_size: int) -> dict:
     reference a quantized graph of it is judged against."""
     pairs = split_at_middle([e.ids for e in model.encode(texts)], model.max_length)
     teacher = {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs]}
-    teacher["logits"] = teacher_outputs(model, teacher, batch_size)
+    teacher["scores"] = teacher_outputs(model, teacher, batch_size)
     return teacher
 
 
-def teacher_outputs(model, teacher: dict, batch_size: int) -> list[np.ndarray]:
-    """The model's next-token logits along the reference's held-out continuations, in batches."""
-    logits = []
+def teacher_outputs(model, teacher: dict, batch_size: int) -> list[dict]:
+    """The model's `teacher_scores` along the reference's held-out continuations, computed in batches."""
+    scores = []
     for start in range(0, len(teacher["prompts"]), batch_size):
         chunk = slice(start, start + batch_size)
-        logits += model.teacher_forced_logits(teacher["prompts"][chunk], teacher["continuations"][chunk])
-    return logits
+        logits = model.teacher_forced_logits(teacher["prompts"][chunk], teacher["continuations"][chunk])
+        scores += [teacher_scores(x, c) for x, c in zip(logits, teacher["continuations"][chunk], strict=True)]
+    return scores
 
 
 def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: int = 0, teacher: dict | None = None):

@@ -19,7 +19,7 @@ from pipeline.architectures.encoders import encoder_inputs
 from pipeline.console import progress
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
-from pipeline.metrics import split_at_middle
+from pipeline.metrics import split_at_middle, teacher_scores
 from pipeline.runtime.encoder import masked_row
 from pipeline.runtime.kv_cache import padded
 from pipeline.tasks import TASKS
@@ -202,12 +202,12 @@ def teacher_forced(model, tokenizer, texts: list[str], max_length: int) -> dict:
     import torch
 
     pairs = split_at_middle([tokenizer(text)["input_ids"] for text in texts], max_length)
-    logits = []
+    scores = []
     with torch.inference_mode():
         for prompt, continuation in pairs:
             out = model(input_ids=torch.tensor([prompt + continuation])).logits[0].float().numpy()
-            logits.append(out[len(prompt) - 1 : -1])
-    return {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs], "logits": logits}
+            scores.append(teacher_scores(out[len(prompt) - 1 : -1], continuation))
+    return {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs], "scores": scores}
 
 
 def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:

@@ -21,7 +21,7 @@ TEACHER_GATE = Accuracy(teacher_top1_agreement=0.9, perplexity_ratio=1.03)
 
 
 def test_teacher_forced_gate_fails_saying_why_when_no_text_was_long_enough():
-    nothing = {"prompts": [], "continuations": [], "logits": []}  # split_at_middle left every text out
+    nothing = {"prompts": [], "continuations": [], "scores": []}  # split_at_middle left every text out
     stats = teacher_forced_stats(nothing, [])
     missed = failures(stats, TEACHER_GATE)
     assert missed == [
@@ -40,7 +40,7 @@ def test_teacher_forced_gate_fails_saying_why_when_no_text_was_long_enough():
 
 def test_generation_compare_fails_a_teacher_gate_it_could_not_measure():
     logits = np.eye(3)
-    nothing = {"prompts": [], "continuations": [], "logits": []}
+    nothing = {"prompts": [], "continuations": [], "scores": []}
     reference = {"logits": logits, "tokens": [(1, 2)], "teacher": nothing}
     stats = compare("generation", reference, {"logits": logits, "tokens": [(1, 2)], "teacher": []})
     assert stats["greedy_prefix_agreement"] == 1.0
@@ -79,3 +79,19 @@ def test_development_gate_adds_its_margin_to_the_headroom():
     gate = development_gate(Accuracy(cosine_min=0.99, cosine_mean=0.99), 15, headroom=0.7)
     assert gate.cosine_mean == pytest.approx(0.997)
     assert gate.cosine_min == pytest.approx(0.997 + 0.003 * 0.5)
+
+
+def test_teacher_scores_keep_the_top_token_and_the_true_tokens_log_likelihood():
+    from pipeline.metrics import teacher_scores
+
+    logits = np.random.default_rng(0).standard_normal((5, 1000)).astype(np.float32) * 4
+    tokens = [3, 999, 0, 500, 7]
+    scores = teacher_scores(logits, tokens)
+    x = logits.astype(np.float64)
+    log_softmax = x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(scores["nll"], -log_softmax[np.arange(5), tokens], rtol=1e-6)
+    assert scores["top1"].tolist() == logits.argmax(-1).tolist()
+    shifted = teacher_scores(logits + 3.0, tokens)  # a constant shift changes no probability
+    np.testing.assert_allclose(shifted["nll"], scores["nll"], rtol=1e-5)
+    same = teacher_forced_stats({"scores": [scores]}, [shifted])
+    assert same["teacher_top1_agreement"] == 1.0 and abs(same["perplexity_ratio"] - 1.0) < 1e-5

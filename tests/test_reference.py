@@ -78,8 +78,9 @@ def test_pytorch_outputs_of_a_decoder_are_next_token_logits_and_greedy_continuat
         np.testing.assert_allclose(got["logits"][i], logits, atol=1e-4)
         assert got["tokens"][i] == _until_eos(new.tolist(), model.generation_config.eos_token_id)
     teacher = got["teacher"]
-    assert len(teacher["prompts"]) == len(teacher["continuations"]) == len(teacher["logits"]) == 2
-    assert all(lg.shape[0] == len(c) for lg, c in zip(teacher["logits"], teacher["continuations"], strict=True))
+    assert len(teacher["prompts"]) == len(teacher["continuations"]) == len(teacher["scores"]) == 2
+    for score, continuation in zip(teacher["scores"], teacher["continuations"], strict=True):
+        assert score["top1"].shape == score["nll"].shape == (len(continuation),) and (score["nll"] > 0).all()
 
 
 def test_pooled_module_ignores_padding_in_a_batch(tiny_bert):

@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.bench.common import bench_folder, host_line, identity, write_results
 from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
-from pipeline.metrics import teacher_forced_stats, teacher_outputs
+from pipeline.metrics import teacher_forced_stats, teacher_outputs, teacher_scores
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
 from pipeline.timing import ARTIFACT, PYTORCH, artifact_runner, generation_speed
@@ -123,7 +123,9 @@ def variant_accuracy(model, teacher: dict, peers: dict) -> dict:
     and perplexity ratio against PyTorch fp32 (`teacher`) on held-out text."""
     stats = {ARTIFACT: teacher_forced_stats(teacher, teacher_outputs(model, teacher, batch_size=8))}
     for name, folder in peers.items():
-        stats[name] = teacher_forced_stats(teacher, genai_teacher_logits(folder, teacher))
+        logits = genai_teacher_logits(folder, teacher)
+        scores = [teacher_scores(x, c) for x, c in zip(logits, teacher["continuations"], strict=True)]
+        stats[name] = teacher_forced_stats(teacher, scores)
     return stats
 
 
