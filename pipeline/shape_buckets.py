@@ -2,11 +2,18 @@
 
 Padded to its longest text, every batch of mixed lengths has a new sequence length, and OpenVINO (and ONNX
 Runtime's kernels) pay a dynamic-shape dispatch for each new shape. Padded up to the next of a few fixed lengths,
-the shapes repeat. The lengths are chosen from the calibration text's token lengths: quantiles of them, rounded
-up to a multiple of `multiple`, then the model's max_length (a chunk is never longer):
+the shapes repeat. The lengths are chosen from the calibration text's token lengths: the `count` multiples of 8
+that pad those texts least (each text padded to the smallest that holds it), the longest text's among them; then
+doublings up to the model's max_length, so that a text longer than any of the calibration text is padded at most
+twice over; then max_length:
 
-    token lengths 7 9 12 14 18 21 25 40 57 88     quantiles (0.25, 0.5, 0.75, 0.9) -> 12 18 40 57
-    rounded up to 8, max_length 128 last                                        -> [16, 24, 40, 64, 128]
+    token lengths 5 6 7 9 10 12 14 15 16 22 30 60     count 4, max_length 256
+    padding least with 4 of 8 16 24 32 64              -> 8 16 32 64
+    doublings, max_length last                         -> [8, 16, 32, 64, 128, 256]
+
+Quantiles of the lengths would leave the tail to max_length: on the MiniLM calibration text (90% of it under 24
+tokens, the longest 68) the quartiles and the 0.9 quantile round up to 16 and 24, and a tenth of the texts would
+pad to 256.
 
 The tune stage times the artifact with and without the plan; the published spec carries it only where it won
 (pipeline.runtime.encoder pads to it).
@@ -17,25 +24,58 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-QUANTILES = (0.25, 0.5, 0.75, 0.9)
+COUNT = 4
 MULTIPLE = 8
 
 
-def bucket_plan(
-    lengths: list[int], max_length: int, quantiles: tuple[float, ...] = QUANTILES, multiple: int = MULTIPLE
-) -> list[int]:
-    """Ascending padded lengths for token `lengths` (nearest-rank quantiles, each rounded up to a multiple of
-    `multiple` and capped at `max_length`, duplicates dropped), `max_length` last: at most len(quantiles) + 1.
-    Pure; no lengths gives [max_length]."""
-    if max_length < 1 or multiple < 1:
-        raise ValueError(f"bucket_plan needs max_length >= 1 and multiple >= 1, got {max_length} and {multiple}")
+def _least_padding(lengths: list[int], candidates: list[int], count: int) -> list[int]:
+    """The at most `count` of `candidates` (ascending, the last holding every one of the ascending `lengths`)
+    with the least total padding of `lengths`, each padded to the smallest chosen length that holds it; the
+    fewest where several tie. Dynamic programming: cost[k][j] is the least padding of the lengths that fit in
+    candidates[j] with k chosen lengths, the largest being candidates[j]."""
+    import bisect
+
+    prefix = [0]
+    for n in lengths:
+        prefix.append(prefix[-1] + n)
+    ends = [bisect.bisect_right(lengths, c) for c in candidates]  # lengths[: ends[j]] fit in candidates[j]
+
+    def padding(i: int, j: int) -> int:  # the lengths over candidates[i - 1], up to candidates[j], padded to it
+        low = ends[i - 1] if i else 0
+        return candidates[j] * (ends[j] - low) - (prefix[ends[j]] - prefix[low])
+
+    m, never = len(candidates), math.inf
+    cost = [[never] * m, [padding(0, j) for j in range(m)]]
+    came: list[list[int]] = [[-1] * m, [-1] * m]
+    for _ in range(2, count + 1):
+        options = [[(cost[-1][i - 1] + padding(i, j), i - 1) for i in range(1, j + 1)] for j in range(m)]
+        best = [min(row, default=(never, -1)) for row in options]
+        cost.append([c for c, _ in best])
+        came.append([i for _, i in best])
+    k = min(range(1, len(cost)), key=lambda k: (cost[k][m - 1], k))
+    chosen, j = [], m - 1
+    while k > 0:
+        chosen.append(candidates[j])
+        j, k = came[k][j], k - 1
+    return chosen[::-1]
+
+
+def bucket_plan(lengths: list[int], max_length: int, count: int = COUNT, multiple: int = MULTIPLE) -> list[int]:
+    """Ascending padded lengths for token `lengths`: the at most `count` multiples of `multiple` (capped at
+    `max_length`) that pad them least, the longest's among them; doublings of the longest (rounded up to
+    `multiple`) below `max_length`; then `max_length`. Pure; no lengths gives [max_length]."""
+    if max_length < 1 or multiple < 1 or count < 1:
+        raise ValueError(
+            f"bucket_plan needs max_length, multiple and count >= 1, got {max_length}, {multiple}, {count}"
+        )
     ordered = sorted(min(max(int(n), 1), max_length) for n in lengths)
-    plan = set()
-    for q in quantiles if ordered else ():
-        at = ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-        plan.add(min(max_length, math.ceil(at / multiple) * multiple))
-    plan.add(max_length)
-    return sorted(plan)
+    if not ordered:
+        return [max_length]
+    candidates = sorted({min(max_length, math.ceil(n / multiple) * multiple) for n in ordered})
+    plan = _least_padding(ordered, candidates, count)
+    while 2 * plan[-1] < max_length:
+        plan.append(min(max_length, math.ceil(2 * plan[-1] / multiple) * multiple))
+    return plan if plan[-1] == max_length else [*plan, max_length]
 
 
 def token_lengths(tokenizer_path: Path, texts: list) -> list[int]:

@@ -1,23 +1,56 @@
 """The shape-bucket plan chosen from token lengths, and the request stream it is judged on."""
 
+import itertools
+import random
+
 import pytest
 
+from pipeline.runtime.encoder import padded_width
 from pipeline.shape_buckets import bucket_plan, request_stream
 
 
-def test_bucket_plan_rounds_quantiles_up_to_multiples_of_8_with_max_length_last():
-    lengths = [7, 9, 12, 14, 18, 21, 25, 40, 57, 88]
-    assert bucket_plan(lengths, 128) == [16, 24, 40, 64, 128]
-    assert bucket_plan(list(reversed(lengths)), 128) == [16, 24, 40, 64, 128]  # the order of the texts is no matter
-    assert bucket_plan(lengths, 128, multiple=16) == [16, 32, 48, 64, 128]
+def _padding(lengths: list[int], plan: list[int]) -> int:
+    return sum(padded_width(n, plan) - n for n in lengths)
 
 
-def test_bucket_plan_is_ascending_unique_and_at_most_one_more_than_the_quantiles():
-    for lengths, max_length in (([5] * 50, 512), (list(range(1, 600)), 512), ([3, 300], 256), ([], 64)):
+def test_bucket_plan_pads_the_lengths_least_then_doubles_up_to_max_length_last():
+    lengths = [5, 6, 7, 9, 10, 12, 14, 15, 16, 22, 30, 60]
+    assert bucket_plan(lengths, 256) == [8, 16, 32, 64, 128, 256]
+    assert bucket_plan(list(reversed(lengths)), 256) == [8, 16, 32, 64, 128, 256]  # the texts' order is no matter
+    crowd = [8] * 10 + [16] * 10 + [64]
+    assert bucket_plan(crowd, 128, count=2) == [16, 64, 128]  # 10 texts padded by 8, not 10 by 48
+    assert bucket_plan(crowd, 128, count=3) == [8, 16, 64, 128]
+    assert bucket_plan(lengths, 256, multiple=16) == [16, 32, 64, 128, 256]
+
+
+def test_bucket_plan_pads_no_less_than_any_other_choice_of_as_many_lengths():
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 100) for _ in range(rng.randint(1, 14))]
+        count = rng.randint(1, 4)
+        plan = bucket_plan(lengths, 128, count=count)
+        longest = -(-max(lengths) // 8) * 8
+        chosen = [b for b in plan if b <= longest]
+        assert chosen[-1] == longest and len(chosen) <= count, (lengths, count, plan)
+        candidates = sorted({-(-n // 8) * 8 for n in lengths} - {longest})
+        fewest = min(
+            _padding(lengths, [*others, longest])
+            for k in range(count)
+            for others in itertools.combinations(candidates, k)
+        )
+        assert _padding(lengths, chosen) == fewest, (lengths, count, plan)
+
+
+def test_bucket_plan_is_ascending_with_max_length_last_and_pads_longer_text_at_most_twice_over():
+    short, long = [10, 12, 13, 15, 15, 16, 18, 20, 22, 23] * 9, [55, 60, 63, 68] * 2
+    for lengths, max_length in ((short + long, 256), (short + long, 512), ([5] * 50, 512), ([3, 300], 256)):
         plan = bucket_plan(lengths, max_length)
-        assert plan == sorted(set(plan)) and plan[-1] == max_length and len(plan) <= 5, (lengths, plan)
-        assert all(0 < b <= max_length for b in plan)
-    assert bucket_plan([5] * 50, 512) == [8, 512]  # one length: one bucket for it, and the model's limit
+        assert plan == sorted(set(plan)) and plan[-1] == max_length and all(0 < b <= max_length for b in plan)
+        assert len(plan) <= 4 + 1 + (max_length // max(lengths)).bit_length(), plan
+        for n in range(max(lengths) + 1, max_length + 1):
+            assert padded_width(n, plan) <= 2 * n + 8, (plan, n)
+    assert bucket_plan(short + long, 256) == [16, 24, 64, 72, 144, 256]
+    assert bucket_plan([5] * 50, 512) == [8, 16, 32, 64, 128, 256, 512]
     assert bucket_plan([], 64) == [64]
 
 
@@ -27,7 +60,7 @@ def test_bucket_plan_caps_buckets_at_max_length_when_it_is_not_a_multiple():
 
 
 def test_bucket_plan_refuses_a_zero_max_length():
-    with pytest.raises(ValueError, match="max_length >= 1"):
+    with pytest.raises(ValueError, match="max_length, multiple and count >= 1"):
         bucket_plan([3], 0)
 
 
