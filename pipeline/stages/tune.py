@@ -75,10 +75,10 @@ def candidates(config: TuneConfig, default_threads: int, default_mode: str, core
 
 def workloads(texts: list[str], batch: int) -> dict:
     """The encoder workloads: batch 1; `batch` rows of one length (the median text repeated, so one chunk that
-    streams can split); and a mixed-length batch of `batch` built as the search builds it (bucketed into chunks
-    of different lengths)."""
+    streams can split); and a mixed-length batch of `batch` texts spread evenly over the texts' lengths, shortest
+    to longest (bucketed into chunks of different lengths)."""
     by_length = sorted(texts, key=len)
-    mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
+    mixed = [by_length[i * len(by_length) // batch] for i in range(batch)]
     return {"batch_1": texts[:1], f"batch_{batch}": [by_length[len(by_length) // 2]] * batch, f"mixed_{batch}": mixed}
 
 

@@ -110,3 +110,13 @@ def test_tune_times_the_calibration_texts_bucket_plan_and_the_published_spec_car
         assert "shape_buckets" not in content["model"]
         assert publish._model_spec(other, content).get("shape_buckets") == chosen
         assert "shape_buckets" not in publish._tuned_session(other)
+
+
+def test_tune_workloads_mixed_batch_spans_the_texts_lengths_when_there_are_more_texts_than_rows():
+    from pipeline.stages.tune import workloads
+
+    texts = ["x" * n for n in range(100, 0, -1)]  # 100 texts, longest first
+    mixed = workloads(texts, 4)["mixed_4"]
+    assert [len(t) for t in mixed] == [1, 26, 51, 76]  # not the 4 shortest
+    few = workloads(texts[:3], 8)["mixed_8"]
+    assert sorted(set(few)) == sorted(texts[:3], key=len) and len(few) == 8  # every text, repeated
