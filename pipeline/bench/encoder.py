@@ -24,6 +24,7 @@ from pipeline.reference import checkpoint_from_source, encoder_runner
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session
 from pipeline.runtime.encoder import Model
+from pipeline.shape_buckets import request_stream
 from pipeline.timing import percentile, time_alternating, time_until_stable, token_rows
 
 BATCH_SIZES = (1, 8, 32)
@@ -32,6 +33,9 @@ PYTORCH = "pytorch-fp32"
 PYTORCH_BF16 = "pytorch-bf16"
 OPENVINO_DEFAULT = "openvino-default"
 ARTIFACT = "artifact"
+UNBUCKETED = "artifact-no-shape-buckets"
+REQUEST_BATCHES = 16
+REQUEST_MAX_BATCH = 64
 
 
 def _mixed_texts(texts: list[str], count: int = 32) -> list[str]:
@@ -47,13 +51,46 @@ def _mixed_batch(runners: dict, model: Model, texts: list, accurate: set, batch:
     to its longest text (what SentenceTransformer.encode and a plain compile do with it), the artifact from text,
     tokenization and length bucketing included. Rows as the grid's, `seq` "mixed"."""
     mixed = _mixed_texts(texts, batch)
-    padded = model.feeds(model.encode(mixed))
+    padded = model.feeds(model.encode(mixed), buckets=False)
     calls = {name: run for name, run in runners.items() if name != ARTIFACT}
     calls[ARTIFACT] = lambda _feeds: model.run(mixed)
     times = time_until_stable(calls, padded, *rounds)
     rows = _grid_rows(times, len(mixed), padded["input_ids"].shape[1], accurate)
     for row in rows:
         row.update(seq="mixed", tokens_per_s=None)
+    return rows
+
+
+def _request_stream(
+    runners: dict,
+    model: Model,
+    texts: list,
+    accurate: set,
+    rounds: tuple,
+    batches: int = REQUEST_BATCHES,
+    max_batch: int = REQUEST_MAX_BATCH,
+) -> list:
+    """Every variant on one request stream run back to back: `batches` batches of 1 to `max_batch` texts drawn
+    from `texts` (seeded, the same for every variant); the peers on each batch padded to its longest text, the
+    artifact from text, and the artifact padded to each chunk's longest where it has shape buckets
+    (`UNBUCKETED`). One row per variant: the stream's total ms (median [p10, p90]) and texts/s, and the
+    artifact's ratio to the fastest accurate peer."""
+    stream = request_stream(texts, batches, max_batch)
+    padded = [model.feeds(model.encode(batch), buckets=False) for batch in stream]
+    calls = {
+        name: (lambda work, run=run: [run(feeds) for feeds in work])
+        for name, run in runners.items()
+        if name != ARTIFACT
+    }
+    calls[ARTIFACT] = lambda _work: [model.run(batch) for batch in stream]
+    if model.spec.get("shape_buckets"):
+        calls[UNBUCKETED] = lambda _work: [model.run(batch, shape_buckets=False) for batch in stream]
+    times = time_until_stable(calls, padded, *rounds)
+    count = sum(len(batch) for batch in stream)
+    rows = _grid_rows(times, count, 0, accurate)
+    for row in rows:
+        row.update(seq="stream", texts=row.pop("batch"), batches=len(stream), max_batch=max_batch, tokens_per_s=None)
+        row["texts_per_s"] = row.pop("sequences_per_s")
     return rows
 
 
@@ -246,6 +283,7 @@ def bench(
         "accuracy_gate": gate,
         "grid": grid,
         "mixed": mixed,
+        "request_stream": _request_stream(runners, shipped, texts, accurate, (min_rounds, max_rounds)),
         "bucketing": _bucketing(shipped, texts, min_rounds),
         "concurrency": serving.concurrency(shipped, real, texts, seconds=serving_seconds, servers=servers),
         "tokenization": _tokenization_share(shipped, texts, min_rounds),
@@ -261,6 +299,27 @@ def bench(
 
 def _spread(row: dict) -> str:
     return f"{row['p50_ms']:.2f} [{row['p10_ms']:.2f}, {row['p90_ms']:.2f}]" + (" noisy" if row["noisy"] else "")
+
+
+def _stream_markdown(rows: list) -> list[str]:
+    if not rows:
+        return []
+    first = rows[0]
+    lines = [
+        "",
+        f"Request stream: {first['batches']} batches of 1 to {first['max_batch']} texts drawn from the validation "
+        f"text ({first['texts']} texts), run back to back; peers padded to each batch's longest text.",
+        "",
+        "| variant | total ms: median [p10, p90] | texts/s | artifact vs fastest accurate peer |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        peer = "-"
+        if "best_peer" in row:
+            low, high = row["speedup_low"], row["speedup_high"]
+            peer = f"x{row['speedup_vs_best_peer']:.2f} [{low:.2f}, {high:.2f}] over {row['best_peer']}"
+        lines.append(f"| {row['variant']} | {_spread(row)} | {row['texts_per_s']:.1f} | {peer} |")
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -299,6 +358,7 @@ def markdown(results: dict) -> str:
             f"| {row['variant']} | {row['batch']} | {row['seq']} | {_spread(row)} | "
             f"{row['sequences_per_s']:.1f} | {ratio} | {peer} |"
         )
+    lines += _stream_markdown(results.get("request_stream", []))
     b, c, t = results["bucketing"], results["concurrency"], results["tokenization"]
     lines += [
         "",

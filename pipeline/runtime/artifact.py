@@ -46,6 +46,10 @@ def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def _ascending(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(_count(n) and n > 0 for n in v) and v == sorted(set(v))
+
+
 def _strings(v) -> bool:
     return isinstance(v, list) and all(isinstance(s, str) for s in v)
 
@@ -73,6 +77,7 @@ _SETTINGS = {
     ("model", "past"): (_strings, "a list of strings"),
     ("model", "eos_token_ids"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of ids"),
     ("model", "defaults"): (lambda v: isinstance(v, dict), "a table"),
+    ("model", "shape_buckets"): (_ascending, "a list of ascending positive ints"),
 }
 # The files a backend runs, by the graph file the manifest names: OpenVINO IR is an .xml with its .bin weights.
 GRAPH_SUFFIXES = (".onnx", ".xml")

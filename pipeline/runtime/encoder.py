@@ -28,6 +28,13 @@ def length_buckets(lengths: list[int], batch_size: int, bucketing: bool = True) 
     return batches
 
 
+def padded_width(longest: int, buckets: list[int] | None) -> int:
+    """The length a chunk whose longest text is `longest` tokens is padded to: the smallest of the artifact's
+    shape buckets that holds it (see pipeline.shape_buckets), or `longest` itself where there is no plan or no
+    bucket is long enough."""
+    return min((b for b in buckets or () if b >= longest), default=longest)
+
+
 def masked_row(ids: list[int], mask_id: int) -> tuple[list[int], list[int]]:
     """A token row and the positions of its mask tokens; a row without one gets its middle token masked. What a
     fill-mask graph is judged on: the runtime and the PyTorch reference mask the same position."""
@@ -110,11 +117,14 @@ class EncoderInputs:
                 )
         return encodings
 
-    def feeds(self, encodings) -> dict:
-        """Padded numpy inputs for a list of encodings, keyed by the graph's input names."""
+    def feeds(self, encodings, buckets: bool = True) -> dict:
+        """Padded numpy inputs for a list of encodings, keyed by the graph's input names: padded to the spec's
+        shape bucket for the longest encoding (`padded_width`), or to the longest itself with `buckets=False` or
+        where the spec has no `shape_buckets`. Padding has attention_mask 0."""
         import numpy as np
 
-        width = max(len(e.ids) for e in encodings)
+        longest = max(len(e.ids) for e in encodings)
+        width = padded_width(longest, self.spec.get("shape_buckets")) if buckets else longest
         pad_id = int(self.spec["pad_id"])
         ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(encodings), width), dtype=np.int64)
@@ -161,27 +171,32 @@ class Model:
         """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
         return self.inputs.encode(texts)
 
-    def feeds(self, encodings) -> dict:
-        """Padded numpy inputs for a list of encodings, keyed by the graph's input names."""
-        return self.inputs.feeds(encodings)
+    def feeds(self, encodings, buckets: bool = True) -> dict:
+        """Padded numpy inputs for a list of encodings, keyed by the graph's input names (see
+        `EncoderInputs.feeds`)."""
+        return self.inputs.feeds(encodings, buckets)
 
     def batches(self, lengths: list[int], batch_size: int, bucketing: bool = True) -> list[list[int]]:
         """Indices of each batch to run (see `length_buckets`)."""
         return length_buckets(lengths, batch_size, bucketing)
 
-    def run(self, texts, batch_size: int | None = None, bucketing: bool = True):
+    def run(self, texts, batch_size: int | None = None, bucketing: bool = True, shape_buckets: bool = True):
         """Run the model on a list of strings (or of (text, text_pair) tuples, for pair classifiers and
         (question, context) pairs for question answering).
 
-        Inputs are bucketed by length (see `length_buckets`), so a short text does not pay for a long one.
+        Inputs are bucketed by length (see `length_buckets`), so a short text does not pay for a long one; each
+        chunk is padded to the artifact's shape bucket for it, where its spec has a plan (see `padded_width`;
+        `shape_buckets=False` pads each chunk to its longest text instead).
         Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an
         array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays; fill-mask, a
         list of [tokens, vocab] logit arrays; question-answering, a list of [tokens, 2] start and end logits.
         """
         batch_size = check_batch_size(batch_size, "run()") or self.batch_size
-        return self._outputs(self.encode(texts), batch_size, bucketing)
+        return self._outputs(self.encode(texts), batch_size, bucketing, shape_buckets=shape_buckets)
 
-    def _outputs(self, encodings, batch_size: int, bucketing: bool = True, ids: list | None = None):
+    def _outputs(
+        self, encodings, batch_size: int, bucketing: bool = True, ids: list | None = None, shape_buckets: bool = True
+    ):
         """The graph's output for each encoding (`ids`, where given, replace the encodings' token ids)."""
         np = self._np
         per_token = self.task in ("token-classification", "fill-mask", "question-answering")
@@ -189,7 +204,7 @@ class Model:
         lengths = [len(e.ids) for e in encodings]
 
         def run(session, chunk: list[int]):
-            feeds = self.feeds([encodings[i] for i in chunk])
+            feeds = self.feeds([encodings[i] for i in chunk], shape_buckets)
             if ids is not None:
                 for row, index in enumerate(chunk):
                     feeds["input_ids"][row, : lengths[index]] = ids[index]

@@ -132,6 +132,18 @@ def _tuned(manifest: Manifest) -> dict:
     return next((r.metrics["best"] for r in manifest.stages if r.name == "tune"), {})
 
 
+def _tuned_session(manifest: Manifest) -> dict:
+    """The session settings the tune stage chose (its shape-bucket plan goes to the model spec instead)."""
+    return {k: v for k, v in _tuned(manifest).items() if k != "shape_buckets"}
+
+
+def _model_spec(manifest: Manifest, content: dict) -> dict:
+    """The runtime spec, with the tune stage's shape-bucket plan where it won on this host (pipeline.shape_buckets).
+    Kept out of the artifact's identity, as the tuned session is: the plan is the build host's choice."""
+    plan = _tuned(manifest).get("shape_buckets")
+    return {**content["model"], "shape_buckets": plan} if plan else content["model"]
+
+
 def _existing(root: Path, target: str, content_id: str) -> str | None:
     for _, version_dir in reversed(version_folders(root)):
         with contextlib.suppress(OSError, ValueError):
@@ -173,9 +185,9 @@ def _write_staging(
         "files": files,
         "graph": content["graph"],
         "backend": content["backend"],
-        "model": content["model"],
+        "model": _model_spec(manifest, content),
         "precision": content["precision"],
-        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen()["session"], **_tuned(manifest)},
+        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen()["session"], **_tuned_session(manifest)},
         "candidates": _candidates(manifest),
         "measured_on": measured_on(target),
         "engine": content["engine"],

@@ -7,6 +7,12 @@ shapes batch parallelism is for: see pipeline.runtime.streams); decoders on a sh
 target's generation batch sizes, on one stream. Streams of 2 are tried where the host has 2 usable cores or more,
 each stream with an equal share of the candidate's threads. Cached per graph and host (CPU flags and core count),
 since the answer is the host's.
+
+Encoders then time the fastest session with and without the shape-bucket plan chosen from the calibration text
+(pipeline.shape_buckets) on the mixed-length batch, run again and again in the same shapes, and on a request
+stream whose batches (1 to the batch size, lengths drawn from the validation text) are new at each call, as a
+service sees them; the plan is kept (`best["shape_buckets"]`, which publish moves into the model spec) only where
+it scored better.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
 from pipeline.runtime.streams import SPLIT_MIN_ROWS
+from pipeline.shape_buckets import bucket_plan, request_stream, token_lengths
 from pipeline.targets import Target
 from pipeline.timing import alternate, relative_scores
 
-VERSION = 3
+VERSION = 4
 BACKENDS = ("onnxruntime", "openvino")
 CANDIDATE_STREAMS = (1, 2)
 
@@ -40,6 +47,7 @@ class TuneConfig:
     split_min_rows: int
     batch_size: int
     generation_batch_sizes: tuple[int, ...] | None
+    shape_buckets: tuple[int, ...] | None  # the plan to time against none (encoders), from the calibration text
 
 
 # The answer is this machine's: its cores and flags are part of the key.
@@ -47,6 +55,7 @@ STAGE = StageSpec("tune", VERSION, TuneConfig, ("onnxruntime", "openvino", "nump
 
 REPS = 5
 DECODE_STEPS = 8
+STREAM_BATCHES = 4  # requests in each round's stream of the shape-bucket timing
 # What the published session takes from the winner, beside split_min_rows.
 PLAN = ("intra_op_threads", "execution_mode", "streams")
 
@@ -66,10 +75,10 @@ def candidates(config: TuneConfig, default_threads: int, default_mode: str, core
 
 def workloads(texts: list[str], batch: int) -> dict:
     """The encoder workloads: batch 1; `batch` rows of one length (the median text repeated, so one chunk that
-    streams can split); and a mixed-length batch of `batch` built as the search builds it (bucketed into chunks
-    of different lengths)."""
+    streams can split); and a mixed-length batch of `batch` texts spread evenly over the texts' lengths, shortest
+    to longest (bucketed into chunks of different lengths)."""
     by_length = sorted(texts, key=len)
-    mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
+    mixed = [by_length[i * len(by_length) // batch] for i in range(batch)]
     return {"batch_1": texts[:1], f"batch_{batch}": [by_length[len(by_length) // 2]] * batch, f"mixed_{batch}": mixed}
 
 
@@ -106,11 +115,53 @@ def _tune(manifest: Manifest, target: Target, config: TuneConfig, texts: list[st
     for index, entry in enumerate(tried):
         entry["score"] = scores[index]
     best = min(tried, key=lambda e: e["score"])
-    return {
+    record = {
         "best": {**{k: best[k] for k in PLAN}, "split_min_rows": config.split_min_rows},
         "tried": tried,
         "host_cores": cores,
         "backend": config.backend,
+    }
+    if config.shape_buckets is not None:
+        bucketed = {**spec, "shape_buckets": list(config.shape_buckets)}
+        session = {**base, **{k: best[k] for k in PLAN}}
+        with_plan = open_model(path, tokenizer, bucketed, session=session, backend=config.backend)
+        models = {"padded": models[tried.index(best)], "bucketed": with_plan}
+        record["shape_buckets"] = _bucket_choice(models, texts, config)
+        record["best"]["shape_buckets"] = list(config.shape_buckets) if record["shape_buckets"]["chosen"] else None
+    return record
+
+
+def _bucket_choice(models: dict, texts: list[str], config: TuneConfig) -> dict:
+    """The "padded" and "bucketed" models (the fastest session without and with the plan) timed alternately on
+    the mixed-length batch and on a request stream drawn anew for each round (both models run the same streams);
+    "chosen": whether the plan scored better."""
+    mixed_name = f"mixed_{config.batch_size}"
+    mixed = workloads(texts, config.batch_size)[mixed_name]
+    streams = [request_stream(texts, STREAM_BATCHES, config.batch_size, seed) for seed in range(REPS + 1)]
+
+    def stream_runner(model):
+        drawn = iter(streams)  # the warm-up takes the first stream, each round the next
+
+        def run(_):
+            for batch in next(drawn):
+                model.run(batch)
+
+        return run
+
+    ms: dict = {name: {} for name in models}
+    for workload, runners in (
+        (mixed_name, {name: model.run for name, model in models.items()}),
+        ("request_stream", {name: stream_runner(model) for name, model in models.items()}),
+    ):
+        times = alternate(runners, mixed, REPS)
+        for name in models:
+            ms[name][workload] = statistics.median(times[name])
+    scores = relative_scores(ms)
+    return {
+        "plan": list(config.shape_buckets),
+        "ms": ms,
+        "score": scores,
+        "chosen": scores["bucketed"] < scores["padded"],
     }
 
 
@@ -122,6 +173,11 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         return manifest
     texts = read_texts(manifest.validation_path, "validation")
     decoder = manifest.checkpoint.task == "text-generation"
+    plan = None
+    if not decoder:
+        tokenizer = manifest.stage("export").output("tokenizer.json")
+        lengths = token_lengths(tokenizer, read_texts(manifest.calibration_path, "calibration"))
+        plan = tuple(bucket_plan(lengths, int(runtime_spec(manifest, target)["max_length"])))
     config = TuneConfig(
         backend=backend,
         candidate_threads=target.runtime.candidate_threads,
@@ -131,6 +187,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         split_min_rows=SPLIT_MIN_ROWS,
         batch_size=target.shapes.batch_size,
         generation_batch_sizes=target.generation.speed_batch_sizes if decoder else None,
+        shape_buckets=plan,
     )
     record = run_cached(
         manifest.cache_dir,

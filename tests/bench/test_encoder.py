@@ -3,7 +3,20 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.bench.encoder import ARTIFACT, PYTORCH, _accuracy, bench
+from pipeline.bench.encoder import (
+    ARTIFACT,
+    PYTORCH,
+    UNBUCKETED,
+    _accuracy,
+    _request_stream,
+    _stream_markdown,
+    _variants,
+    bench,
+)
+from pipeline.runtime.artifact import verify_artifact
+from pipeline.shape_buckets import request_stream
+
+from ..conftest import SMALL_TEXTS
 
 
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
@@ -105,3 +118,26 @@ def test_accuracy_is_each_variants_worst_row_cosine_against_pytorch():
     cosines = _accuracy(runners, {})
     assert cosines[ARTIFACT] == pytest.approx(2**-0.5) and cosines["scaled"] == pytest.approx(1.0)
     assert _accuracy({ARTIFACT: lambda feeds: turned}, {}) == {}  # no PyTorch: nothing to compare with
+
+
+def test_request_stream_gives_a_row_per_variant_with_positive_totals_and_the_artifacts_ratio(published):
+    manifest = verify_artifact(published)
+    manifest = {**manifest, "model": {**manifest["model"], "shape_buckets": [8, 16, 32, 128]}}
+    cache = published.parent.parent.parent.parent / "cache"
+    runners, _, missing = _variants(manifest, published.resolve(), cache, 2, None)
+    assert not missing
+    shipped = runners[ARTIFACT].model
+    rows = _request_stream(runners, shipped, SMALL_TEXTS, set(runners), (2, 3), batches=4, max_batch=8)
+    by_variant = {row["variant"]: row for row in rows}
+    assert set(by_variant) == {*runners, UNBUCKETED}  # the artifact also without its shape buckets
+    texts = sum(len(batch) for batch in request_stream(SMALL_TEXTS, 4, 8))
+    for row in rows:
+        assert row["seq"] == "stream" and row["batches"] == 4 and row["texts"] == texts and row["max_batch"] == 8
+        assert 0 < row["p10_ms"] <= row["p50_ms"] <= row["p90_ms"] + 1e-9
+        assert row["texts_per_s"] == pytest.approx(texts / row["p50_ms"] * 1000)
+    artifact = by_variant[ARTIFACT]
+    assert artifact["best_peer"] in runners and artifact["best_peer"] not in (ARTIFACT, UNBUCKETED)
+    assert artifact["speedup_low"] <= artifact["speedup_vs_best_peer"] <= artifact["speedup_high"]
+    table = "\n".join(_stream_markdown(rows))
+    assert f"Request stream: 4 batches of 1 to 8 texts drawn from the validation text ({texts} texts)" in table
+    assert f"| {UNBUCKETED} |" in table and f"over {artifact['best_peer']}" in table

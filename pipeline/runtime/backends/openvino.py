@@ -63,7 +63,7 @@ class _Request:
 
     def run(self, output_names, feeds: dict) -> list:
         results = self.request.infer(feeds)
-        by_name = {port.get_any_name(): value for port, value in results.items()}
+        by_name = {name: value for port, value in results.items() for name in port.get_names()}
         return [by_name[name].copy() for name in output_names]
 
 
@@ -100,9 +100,11 @@ class OpenVINOSession:
         ]
 
     def get_outputs(self) -> list:
-        return [types.SimpleNamespace(name=p.get_any_name()) for p in self.compiled.outputs]
+        """Each output under each of its tensor names: the CPU plugin's fusions can give an ONNX graph's output
+        a second name (its producer's), and either may be the one `get_any_name` returns."""
+        return [types.SimpleNamespace(name=n) for p in self.compiled.outputs for n in sorted(p.get_names())]
 
     def run(self, output_names, feeds: dict) -> list:
-        names = output_names or [o.name for o in self.get_outputs()]
+        names = output_names or [p.get_any_name() for p in self.compiled.outputs]
         with self._lock:
             return self.request.run(names, feeds)
