@@ -24,7 +24,7 @@ from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
 from pipeline.metrics import compare, development_gate, failures, measure, outputs, teacher_reference
-from pipeline.onnx_files import move_graph
+from pipeline.onnx_files import graph_files, move_graph
 from pipeline.passes.int8 import (
     calibration_reader,
     quantizable_nodes,
@@ -41,10 +41,14 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 from pipeline.timing import NO_SPINNING, latency
 
-VERSION = 5
+VERSION = 6
 FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 # Examples the simulated sensitivity of dynamic int8 runs on (one fp32 pass each).
 SIMULATED_EXAMPLES = 16
+# Measuring each node's effect on the output (one quantization of the whole graph and one development pass a node)
+# ranks better than the local simulation (docs/targets.md), so it is used while quantizable nodes x graph bytes
+# stay within this (MiniLM: 24 x 90 MB); beyond, a 110M-parameter encoder's 72 nodes would take minutes.
+MEASURED_SENSITIVITY_BYTES = 4_000_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +128,16 @@ def _fewest_passing(attempt, excluded: list, ranked: list, limit: int) -> tuple:
 
 def _simulated(source: Path, nodes: list, excluded: list, fp32, texts: list, settings, metric: str) -> list | None:
     """Each quantizable node's simulated dynamic int8 error (pipeline.passes.int8_error), most sensitive first, on
-    the first SIMULATED_EXAMPLES of `texts`; None where it does not apply (static or weight-only int8, decoders, a
-    graph too large to simulate in memory)."""
+    the first SIMULATED_EXAMPLES of `texts`; None where the measured sensitivity is used instead: static or
+    weight-only int8, decoders, a graph too large to simulate in memory, or one small enough to measure (nodes x
+    graph bytes within MEASURED_SENSITIVITY_BYTES: each node's own quantization and development pass)."""
     import onnx
 
     if settings.mode != "dynamic" or metric == "generation":
         return None
     names = {n.name for n in nodes} - set(excluded)
+    if len(names) * sum(f.stat().st_size for f in graph_files(source)) <= MEASURED_SENSITIVITY_BYTES:
+        return None  # small enough to measure each node's effect on the output, which ranks better
     graph = onnx.load(str(source), load_external_data=False)
     candidates = [n for n in quantizable_nodes(graph, settings.op_types) if n.name in names]
     feeds = [fp32.feeds(fp32.encode([text])) for text in texts[:SIMULATED_EXAMPLES]]
@@ -209,7 +216,7 @@ def int8_with_fallback(
     nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)
     source, smoothed = _smoothed(fp32_path, fp32, nodes, settings, calibration, batch, work)
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
-    candidates, sensitivity = [], None
+    candidates, sensitivity, method = [], None, None
     gate = development_gate(target.accuracy, len(texts), settings.fallback_headroom)
     started = time.perf_counter()
     quantize_one = _quantizer(settings, source, fp32, calibration, work)
@@ -232,7 +239,9 @@ def int8_with_fallback(
     if missed and settings.max_fp32_nodes > len(excluded) and could_win is not None:
         could_win(candidate_model(manifest, target, chosen, session=NO_SPINNING))
     if missed and settings.max_fp32_nodes > len(excluded):
-        sensitivity = _simulated(source, nodes, excluded, fp32, texts, settings, metric) or _sensitivity(
+        sensitivity = _simulated(source, nodes, excluded, fp32, texts, settings, metric)
+        method = "simulated" if sensitivity else "measured"
+        sensitivity = sensitivity or _sensitivity(
             open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work
         )
         # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
@@ -266,6 +275,7 @@ def int8_with_fallback(
         "met_headroom": not missed,
         "candidates": candidates,
         "sensitivity": sensitivity,
+        "sensitivity_method": method if sensitivity else None,
     }
 
 

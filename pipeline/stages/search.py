@@ -45,7 +45,7 @@ from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 10
+VERSION = 11
 SEQUENCE = 128
 
 

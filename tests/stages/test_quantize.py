@@ -55,9 +55,12 @@ def test_quantize_dynamic_writes_integer_matmuls(tiny_bert, texts_file, calibrat
     ort.InferenceSession(manifest.published["path"] + "/model.onnx", providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.parametrize("ranking", ["measured", "simulated"])
 def test_quantize_falls_back_to_mixed_precision_when_int8_misses(
-    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path
+    tiny_bert, texts_file, calibration_file, build_dirs, tmp_path, monkeypatch, ranking
 ):
+    if ranking == "simulated":  # as for a graph too large to quantize once per node
+        monkeypatch.setattr(quantize, "MEASURED_SENSITIVITY_BYTES", 0)
     plain = build(tiny_bert, "cpu-avx2-dynamic", validation=texts_file, calibration=calibration_file, **build_dirs)
     plain_diff = plain.stage("quantize").metrics["candidates"][0]["max_abs_diff"]
     # The development gate narrows an extreme by development_margin(n): undo it so that the split must reach 0.7x.
@@ -83,6 +86,7 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(
     assert chosen["fp32_nodes"] == len(metrics["fp32_nodes"]) and 1 <= len(metrics["fp32_nodes"]) <= 6
     assert all(not c["passed"] for c in tried if c["fp32_nodes"] < chosen["fp32_nodes"])  # the fewest that pass
     assert tried[1]["fp32_nodes"] == 6  # the widest first: had it missed, no fewer would be tried
+    assert metrics["sensitivity_method"] == ranking
     assert len(metrics["sensitivity"]) == 8
     assert metrics["fp32_nodes"][0] == metrics["sensitivity"][0]["node"]  # the most sensitive goes first
     assert chosen["max_abs_diff"] <= plain_diff * 0.7 < tried[0]["max_abs_diff"]
