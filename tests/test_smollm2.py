@@ -70,7 +70,8 @@ def test_smollm2_native_search_judges_fp32_two_int8_block_sizes_and_two_int4_sch
     # Symmetric int4 moves every Q4_1 block of this GGUF-born model (perplexity x1.5): a row, not an error. Blocks
     # that keep their minimum hold the body's weights as the file stored them; only activations and the 8-bit head
     # differ from PyTorch.
-    assert rows["ort-int4-weights"]["perplexity_ratio"] > 1.2 and rows["ort-int4-weights"]["latency_ms"]
+    assert rows["ort-int4-weights"]["perplexity_ratio"] > 1.2 and rows["ort-int4-weights"]["status"] == "missed"
+    assert rows["ort-int4-weights"]["latency_ms"] is None  # only what passed is timed
     minimum = rows["ort-int4-minimum"]
     assert minimum["status"] == "passed" and minimum["perplexity_ratio"] < 1.02
     assert minimum["teacher_top1_agreement"] > rows["ort-int4-weights"]["teacher_top1_agreement"] + 0.2
