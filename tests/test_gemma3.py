@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline.runtime import load
+from pipeline.timing import COST
 
 from .gemma3 import REPO, make
 
@@ -91,5 +92,5 @@ def test_gemma3_native_search_publishes_a_candidate_that_passes_its_gate(gemma3_
     assert completion.token_ids
     print(f"\nGemma 3 270M on native: chosen {search['chosen']}")
     for row in rows:
-        cost = sum(row.get(k) or 0 for k in ("build_seconds", "timing_seconds", "held_out_seconds"))
+        cost = sum(row.get(k) or 0 for k in COST)
         print(f"  {row['name']:<20} {row['status']:<8} {cost:7.1f} s  {row.get('reason') or ''}")

@@ -66,6 +66,7 @@ def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_target
 
     from pipeline.runtime.host import kernel_class
     from pipeline.targets import load_target, native_target
+    from pipeline.timing import COST
 
     manifest = build(
         mpnet_checkpoint,
@@ -89,5 +90,5 @@ def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_target
     assert cosine.min() >= accuracy.cosine_min and cosine.mean() >= accuracy.cosine_mean
     print(f"\nall-mpnet-base-v2 on {target}: chosen {search['chosen']}, cosine min {cosine.min():.5f}")
     for row in rows:
-        cost = sum(row.get(k) or 0 for k in ("build_seconds", "timing_seconds", "held_out_seconds"))
+        cost = sum(row.get(k) or 0 for k in COST)
         print(f"  {row['name']:<18} {row['status']:<8} {cost:7.1f} s  {row.get('reason') or ''}")

@@ -73,7 +73,7 @@ class Screen:
         return ratios
 
     def could_win(self, model) -> None:
-        """Return where `model` could still win; raise CannotWin naming the passed candidate it cannot beat."""
+        """Return quietly where `model` could still win; raise CannotWin naming the passed candidate it cannot beat."""
         for name, by_shape in self.ratios(model).items() if self.passed else ():
             if min(by_shape.values()) > self.margin:
                 shapes = ", ".join(self.shapes)

@@ -3,10 +3,10 @@ calibrated on text), with two guards on accuracy (the graph passes are in pipeli
 
 1. Smoothing (SmoothQuant-style, optional, `smooth_alpha`): activation outliers are moved into the weights.
 2. Accuracy-aware fallback: if the int8 graph misses the target's thresholds (with headroom) against the fp32
-   graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized: for
-   dynamic int8 of an encoder simulated from one fp32 pass, pipeline.passes.int8_error; otherwise by quantizing
-   that node alone and running the development split) and the most sensitive are kept in fp32, a few more at a
-   time, up to `max_fp32_nodes`.
+   graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized, by
+   quantizing that node alone and running the development split; for dynamic int8 of an encoder too large for
+   that, simulated from one fp32 pass, pipeline.passes.int8_error) and the most sensitive are kept in fp32: the
+   widest budget first, then a bisection for the fewest that pass, up to `max_fp32_nodes`.
 
 Every candidate tried is recorded in the stage's metrics.
 """

@@ -130,8 +130,8 @@ def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
     timings = {name: {} for name in models}
     seconds = dict.fromkeys(models, 0.0)
     for shape, work in progress(_workloads(first, texts, batch).items(), "search: timing", total=3):
-        runs = {name: _runner(work, batch)(model) for name, model in models.items()}
-        runners = {name: (lambda _, run=run: run()) for name, run in runs.items()}
+        calls = {name: _runner(work, batch)(model) for name, model in models.items()}
+        runners = {name: (lambda _, call=call: call()) for name, call in calls.items()}
         runs = time_until_stable(runners, None, 3, 7, spread=0.05, budget_s=20.0, warmups=1)
         for name in models:
             timings[name][shape] = [round(v, 3) for v in median_range(runs[name]["ms"])]
