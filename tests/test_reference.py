@@ -136,12 +136,49 @@ def test_pytorch_outputs_answer_the_same_request_once_in_a_process(tiny_bert):
     assert not np.allclose(other, first)
 
 
-def test_an_exact_generation_reference_serves_a_batched_request_and_not_the_reverse(tiny_gpt2):
+def test_generation_reference_is_answered_once_and_equals_one_prompt_at_a_time_greedy(tiny_gpt2, monkeypatch):
+    import torch
+    import transformers
+
+    from pipeline import reference
+
     checkpoint = _checkpoint(tiny_gpt2, "text-generation")
-    batched = generation_reference(checkpoint, TEXTS, 4, batch_size=2)
-    exact = generation_reference(checkpoint, TEXTS, 4)  # one prompt at a time: not the batched answer
-    assert exact is not batched and generation_reference(checkpoint, TEXTS, 4, batch_size=8) is exact
-    assert pytorch_outputs(checkpoint, TEXTS, new_tokens=4) is exact  # the search's and validation's request
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_gpt2).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_gpt2)
+    texts = [*TEXTS, "x", "a longer prompt than the others, padded least of all in its batch"]
+    with torch.inference_mode():
+        alone = [
+            model.generate(torch.tensor([tokenizer(t)["input_ids"]]), do_sample=False, max_new_tokens=6)[0].tolist()
+            for t in texts
+        ]
+    alone = [tuple(row[len(tokenizer(t)["input_ids"]) :]) for row, t in zip(alone, texts, strict=True)]
+    batches = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: batches.append(len(kw["input_ids"])) or generate(**kw))
+    found = generation_reference(checkpoint, texts, 6, model)
+    assert generation_reference(checkpoint, texts, 6) is found and pytorch_outputs(checkpoint, texts, 6) is found
+    assert [tuple(t) for t in found["tokens"]] == alone
+    assert batches[0] == len(texts) and len(batches) < len(texts)  # one padded batch, few rows again alone
+
+    batches.clear()
+    monkeypatch.setattr(reference, "TIE", 10.0)  # no lead is large enough: every row is generated again alone
+    doubted = reference.generation_outputs(model, tokenizer, texts, 6, checkpoint.max_length)
+    assert batches == [len(texts)] + [1] * len(texts) and [tuple(t) for t in doubted["tokens"]] == alone
+
+
+def test_a_large_vocabulary_tokenizer_loads_without_the_mistral_regex_warning(tmp_path, capfd):
+    # transformers 4.57 looks for Mistral's regex in every tokenizer of over 100,000 tokens saved by 4.57.3 or later
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.reference import load_hf_tokenizer
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(100_001)} | {"<unk>": 100_001}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>").save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "transformers_version": "4.57.6"}))
+    assert load_hf_tokenizer(_checkpoint(tmp_path, "text-generation"))("w7 w100000")["input_ids"] == [7, 100_000]
+    assert "incorrect regex pattern" not in capfd.readouterr().err
 
 
 def _dense_folder(folder, out_features=8, bias=True, shape=None):

@@ -65,9 +65,7 @@ def _generation_reference(manifest: Manifest, target: Target, texts: list, candi
 
     checkpoint = manifest.checkpoint
     tokenizer, model = load_hf_tokenizer(checkpoint), load_torch_model(checkpoint)
-    # Continuations in batches where no exact greedy gate judges ties: the reference is most of validation's time.
-    batch = 1 if target.accuracy.greedy_match else target.shapes.batch_size
-    reference = generation_reference(checkpoint, texts, target.generation.new_tokens, batch, model)
+    reference = generation_reference(checkpoint, texts, target.generation.new_tokens, model)
     runners = {PYTORCH: generate_runner(model, tokenizer), ARTIFACT: artifact_runner(candidate)}
     speed_tokens = min(target.generation.speed_new_tokens, checkpoint.max_length // 2)
     speed = generation_speed(runners, texts, target.generation.speed_batch_sizes, speed_tokens)
