@@ -49,8 +49,9 @@ bench: build $(TEST_STAMP)
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
 # there, but a stray token.py would be). $(call GENAI_BUILD,precision,folder suffix,block size) writes
 # $(GENAI_DIR)-suffix: MatMulNBits at accuracy level 4 (int8 multiplies), blocks of 32 as the decoder issue measured,
-# and int8 in blocks of 128 too, the artifact's int8 block size where its search chose 128.
-GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python -m onnxruntime_genai.models.builder -i "$(abspath $(MODEL))" \
+# and int8 in blocks of 128 too, the artifact's int8 block size where its search chose 128. tests/genai_builder.py is
+# the builder with Gemma 3's RoPE settings where onnxruntime-genai 0.18 reads them (transformers 5 moved them).
+GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python "$(abspath tests/genai_builder.py)" -i "$(abspath $(MODEL))" \
 	-o "$(abspath $(GENAI_DIR))-$(2)" -p $(1) -e cpu -c "$(abspath .cache/genai/hf)" \
 	$(if $(3),--extra_options accuracy_level=4 block_size=$(3))
 

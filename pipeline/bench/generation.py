@@ -104,6 +104,13 @@ def _genai_model(folder: Path, threads: int | None = None):
     return og, og.Model(config), pad
 
 
+def _window(folder: Path) -> int:
+    """The sliding window of a genai model folder's decoder (0 without one): genai 0.18 refuses a KV cache shorter
+    than the window (Gemma 3: 512), so a shorter request still gets that much room."""
+    decoder = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["decoder"]
+    return int((decoder.get("sliding_window") or {}).get("window_size", 0))
+
+
 def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
     """onnxruntime-genai's next-token logits along each held-out continuation of `teacher` (as
     `reference.teacher_forced` splits the texts): genai returns logits for every position of what it is given."""
@@ -111,7 +118,7 @@ def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
     logits = []
     for prompt, continuation in zip(teacher["prompts"], teacher["continuations"], strict=True):
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(prompt) + len(continuation) + 1)
+        params.set_search_options(max_length=max(len(prompt) + len(continuation) + 1, _window(folder)))
         generator = og.Generator(model, params)
         generator.append_tokens(np.array([prompt + continuation], dtype=np.int32))
         logits.append(np.asarray(generator.get_output("logits"))[0, len(prompt) - 1 : -1].astype(np.float32))
@@ -143,12 +150,13 @@ def genai_runner(folder: Path, tokenizer, threads: int | None = None):
         for r, row in enumerate(rows):
             ids[r, : len(row)] = row
         params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, batch_size=len(rows), max_length=width + n, min_length=width + n)
+        length = max(width + n, _window(folder))
+        params.set_search_options(do_sample=False, batch_size=len(rows), max_length=length, min_length=width + n)
         generator = og.Generator(model, params)
         generator.append_tokens(ids)  # the prompt's step; the first token is chosen from its logits
         generator.generate_next_token()
         first = time.perf_counter()
-        while not generator.is_done():
+        for _ in range(n - 1):
             generator.generate_next_token()
         return first
 

@@ -98,3 +98,13 @@ def test_generation_speed_gives_each_runner_its_ratios_to_pytorch():
     assert artifact["ttft_speedup"] == row[PYTORCH]["ttft_ms"] / artifact["ttft_ms"] > 3
     assert artifact["decode_speedup"] == artifact["decode_tokens_per_s"] / row[PYTORCH]["decode_tokens_per_s"] > 2
     assert 0.3 < row["peer"]["ttft_speedup"] < 3 and 0.3 < row["peer"]["decode_speedup"] < 3
+
+
+def test_a_genai_peers_cache_gets_at_least_its_sliding_window(tmp_path):
+    from pipeline.bench.generation import _window
+
+    decoder = {"filename": "model.onnx", "sliding_window": {"window_size": 512, "layers": [0, 1]}}
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
+    assert _window(tmp_path) == 512
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"}}}))
+    assert _window(tmp_path) == 0
