@@ -59,24 +59,59 @@ def graph_files(path: Path) -> list[Path]:
 def load_graph(path: Path, load_data: bool = True):
     """The ModelProto of the graph file `path`, its external data read in from beside it (checked first)."""
     import onnx
-    from onnx.external_data_helper import load_external_data_for_model
 
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
-    external = _external_tensors(model)
-    for tensor in external:
+    for tensor in _external_tensors(model):
         _location(tensor, path)
-    if load_data and external:
-        load_external_data_for_model(model, str(path.parent))
+    if load_data:
+        load_external(model, path)
     return model
 
 
-def save_graph(model, path: Path) -> list[Path]:
+def load_external(model, path: Path) -> None:
+    """Read into `model` the data of the tensors it still keeps in data files beside its graph file `path`."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    external = _external_tensors(model)
+    for tensor in external:
+        _location(tensor, Path(path))
+    if external:
+        load_external_data_for_model(model, str(Path(path).parent))
+
+
+def read_array(tensor, path: Path):
+    """The numpy array of the initializer `tensor` of the graph file `path`: where its data is in a data file,
+    only its own bytes are read (at its offset), so a graph's weights can be visited one at a time."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    path = Path(path)
+    file = path.parent / _location(tensor, path)
+    entries = {e.key: e.value for e in tensor.external_data}
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    offset, length = int(entries.get("offset", 0)), int(entries.get("length", count * dtype.itemsize))
+    if length != count * dtype.itemsize or offset < 0 or offset + length > file.stat().st_size:
+        raise ExportError(
+            f"{path}: tensor {tensor.name!r} of shape {list(tensor.dims)} claims bytes {offset}..{offset + length} "
+            f"of {file.name} ({file.stat().st_size} bytes), which do not hold it. Re-export the model."
+        )
+    return np.fromfile(file, dtype=dtype, count=count, offset=offset).reshape(tuple(tensor.dims))
+
+
+def save_graph(model, path: Path, consume: bool = False) -> list[Path]:
     """Write `model` to `path`: one file where it serializes under SINGLE_FILE_LIMIT bytes, else with every
     initializer of INLINE_BELOW bytes or more in `<name>.data` beside it. Returns the files written.
 
     Writing a data file moves the weights out of `model` (its tensors then point at the file), which frees their
-    memory; `model` must hold its data (loaded with `load_graph`, not `load_data=False`)."""
+    memory; `model` must hold its data (loaded with `load_graph`, not `load_data=False`). With `consume`, `model`
+    gives its initializers up to the file (it is left without them), and a graph under the limit is written one
+    initializer at a time: protobuf's own encoder (`ByteSize` included) holds a whole graph's bytes two to four
+    times over while it writes them."""
     import onnx
 
     path = Path(path)
@@ -84,7 +119,15 @@ def save_graph(model, path: Path) -> list[Path]:
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
     if _external_tensors(model):
         raise ExportError(f"cannot write {path}: the graph still points at external data it has not loaded")
-    if model.ByteSize() < SINGLE_FILE_LIMIT:
+    if consume:
+        initializers = list(model.graph.initializer)
+        del model.graph.initializer[:]  # the list keeps each tensor
+        if model.ByteSize() + sum(_field_size(t) for t in initializers) < SINGLE_FILE_LIMIT:
+            _write_streamed(model, initializers, path)
+            return [path]
+        model.graph.initializer.extend(initializers)  # over the limit: onnx moves each to the data file
+        del initializers
+    elif model.ByteSize() < SINGLE_FILE_LIMIT:
         onnx.save_model(model, str(path))
         return [path]
     onnx.save_model(
@@ -97,6 +140,58 @@ def save_graph(model, path: Path) -> list[Path]:
         convert_attribute=False,
     )
     return [path, data]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(message, field: str) -> bytes:
+    """The wire key of the length-delimited field `field` of the protobuf message type `message`."""
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _tensor_parts(tensor) -> tuple[bytes, bytes]:
+    """A tensor's wire bytes as (head, raw data): a plain tensor (name, dims, type, raw data) is encoded around its
+    raw data, which is then copied once, and never into a growing encode buffer."""
+    from onnx import TensorProto
+
+    if {f.name for f, _ in tensor.ListFields()} != {"name", "dims", "data_type", "raw_data"}:
+        return tensor.SerializeToString(), b""
+    raw = tensor.raw_data
+    head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()
+    return head + _key(TensorProto, "raw_data") + _varint(len(raw)), raw
+
+
+def _wrappers(size: int) -> bytes:
+    """The keys and lengths that put a tensor of `size` wire bytes in a graph field of its own, as an initializer
+    (protobuf merges the repeated occurrences of a message field into one graph)."""
+    from onnx import GraphProto, ModelProto
+
+    initializer = _key(GraphProto, "initializer") + _varint(size)
+    return _key(ModelProto, "graph") + _varint(len(initializer) + size) + initializer
+
+
+def _field_size(tensor) -> int:
+    head, raw = _tensor_parts(tensor)
+    return len(_wrappers(len(head) + len(raw))) + len(head) + len(raw)
+
+
+def _write_streamed(model, initializers: list, path: Path) -> None:
+    """Write `model` (its initializers taken out) and then each of `initializers`, in order, in its own graph field;
+    each tensor leaves the list once written."""
+    initializers.reverse()
+    with open(path, "wb") as file:
+        file.write(model.SerializeToString())
+        while initializers:
+            head, raw = _tensor_parts(initializers.pop())
+            file.write(_wrappers(len(head) + len(raw)) + head)
+            file.write(raw)
 
 
 def _place(source: Path, dest: Path, move: bool) -> list[Path]:
