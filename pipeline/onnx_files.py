@@ -69,6 +69,98 @@ def load_graph(path: Path, load_data: bool = True):
     return model
 
 
+def load_structure(path: Path):
+    """The ModelProto of the graph file `path` without the bytes of its large tensors: a data file's tensors stay
+    there (checked), and an inline initializer of INLINE_BELOW bytes or more is pointed at its raw data inside the
+    graph file itself, as if that were its data file. `read_array` then reads one weight at a time, and
+    `load_external` the rest; `onnx.load` would hold a one-file graph's bytes twice, then its whole proto."""
+    from onnx import GraphProto, ModelProto
+
+    path = Path(path)
+    with open(path, "rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        model = bytearray()
+        for number, start, value, end in _fields(file, 0, size):
+            if number == ModelProto.DESCRIPTOR.fields_by_name["graph"].number and value is not None:
+                graph = bytearray()
+                for inner, field_start, tensor, field_end in _fields(file, value, end):
+                    if inner == GraphProto.DESCRIPTOR.fields_by_name["initializer"].number and tensor is not None:
+                        graph += _wrapped(GraphProto, "initializer", _pointed(file, tensor, field_end, path))
+                    else:
+                        graph += _read(file, field_start, field_end)
+                model += _key(ModelProto, "graph") + _varint(len(graph)) + graph
+            else:
+                model += _read(file, start, end)
+    loaded = ModelProto.FromString(bytes(model))
+    for tensor in _external_tensors(loaded):
+        _location(tensor, path)
+    return loaded
+
+
+def _read(file, start: int, end: int) -> bytes:
+    file.seek(start)
+    return file.read(end - start)
+
+
+def _read_varint(file) -> int:
+    value, shift = 0, 0
+    while True:
+        byte = file.read(1)
+        if not byte:
+            raise ExportError(f"{file.name}: the graph file ends inside a field; it is truncated. Re-export the model.")
+        value |= (byte[0] & 0x7F) << shift
+        shift += 7
+        if byte[0] < 0x80:
+            return value
+
+
+def _fields(file, start: int, end: int):
+    """(field number, start of the field, start of its value where length-delimited else None, end) of each
+    protobuf field between `start` and `end` of `file`."""
+    position = start
+    while position < end:
+        file.seek(position)
+        key = _read_varint(file)
+        wire = key & 7
+        if wire == 0:
+            _read_varint(file)
+            value, stop = None, file.tell()
+        elif wire == 2:
+            length = _read_varint(file)
+            value = file.tell()
+            stop = value + length
+        elif wire in (1, 5):
+            value, stop = None, file.tell() + (8 if wire == 1 else 4)
+        else:
+            raise ExportError(f"{file.name}: protobuf wire type {wire} at byte {position} is not ONNX's; re-export.")
+        if stop > end:
+            raise ExportError(f"{file.name}: a field at byte {position} runs past its message; it is truncated.")
+        yield key >> 3, position, value, stop
+        position = stop
+
+
+def _pointed(file, start: int, end: int, path: Path) -> bytes:
+    """The tensor encoded between `start` and `end` of the graph file `path`, its raw data (where it has any) left
+    in the file and pointed at there."""
+    from onnx import TensorProto
+
+    if end - start < INLINE_BELOW:
+        return _read(file, start, end)
+    rest, raw = bytearray(), None
+    for number, field_start, value, field_end in _fields(file, start, end):
+        if number == TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number and value is not None:
+            raw = (value, field_end - value)
+        else:
+            rest += _read(file, field_start, field_end)
+    if raw is None:
+        return _read(file, start, end)
+    tensor = TensorProto.FromString(bytes(rest))
+    for key, value in (("location", path.name), ("offset", raw[0]), ("length", raw[1])):
+        tensor.external_data.add(key=key, value=str(value))
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor.SerializeToString()
+
+
 def load_external(model, path: Path) -> None:
     """Read into `model` the data of the tensors it still keeps in data files beside its graph file `path`."""
     from onnx.external_data_helper import load_external_data_for_model
@@ -156,12 +248,18 @@ def _key(message, field: str) -> bytes:
     return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
 
 
+def _wrapped(message, field: str, value: bytes) -> bytes:
+    return _key(message, field) + _varint(len(value)) + value
+
+
 def _tensor_parts(tensor) -> tuple[bytes, bytes]:
     """A tensor's wire bytes as (head, raw data): a plain tensor (name, dims, type, raw data) is encoded around its
     raw data, which is then copied once, and never into a growing encode buffer."""
     from onnx import TensorProto
 
-    if {f.name for f, _ in tensor.ListFields()} != {"name", "dims", "data_type", "raw_data"}:
+    fields = {f.name for f, _ in tensor.ListFields()}  # data_location is set (to DEFAULT) once data is loaded
+    plain = fields <= {"name", "dims", "data_type", "raw_data", "data_location"} and "raw_data" in fields
+    if not plain or tensor.data_location != TensorProto.DEFAULT:
         return tensor.SerializeToString(), b""
     raw = tensor.raw_data
     head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()

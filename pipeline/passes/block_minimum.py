@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.onnx_files import load_external, load_graph, read_array, save_graph
+from pipeline.onnx_files import load_external, load_structure, read_array, save_graph
 
 LEVELS = 15  # 4-bit codes 0..15
 DEFAULT_ZERO_POINT = 8  # MatMulNBits' zero point for 4-bit blocks when none is given
@@ -66,7 +66,7 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
     4-bit blocks with a float minimum, written to `dest`. Returns the number of MatMuls rewritten."""
     from onnx import helper, numpy_helper
 
-    model = load_graph(source, load_data=False)  # each weight is read alone, then only the kept ones
+    model = load_structure(source)  # each weight is read alone, then only the kept ones
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     names = {n.name for n in graph.node if n.op_type == "MatMul"}

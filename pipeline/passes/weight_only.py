@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import QuantizationError
-from pipeline.onnx_files import graph_files, load_external, load_graph, read_array, save_graph
+from pipeline.onnx_files import graph_files, load_external, load_structure, read_array, save_graph
 from pipeline.passes.block_minimum import quantize_with_block_minimum
 
 
@@ -38,7 +38,7 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     `settings.accuracy_level`; blocks symmetric, with integer zero points, or with float minimums as
     `settings.blocks` says), the LM head (the MatMul making `logits`) and the nodes in `wide` in
     `settings.head_bits`; the nodes in `exclude` (or, given `only`, all others) stay fp32."""
-    model = load_graph(source, load_data=False)
+    model = load_structure(source)
     graph = model.graph
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
     fp32 = set(exclude) | (names - set(only) if only is not None else set())
@@ -60,7 +60,7 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     first = dest.with_name(f"{dest.stem}.body.onnx")
     quantize_with_block_minimum(source, first, settings.block_size, settings.accuracy_level, sorted(fp32 | wider))
     wide_blocks = dataclasses.replace(wide_blocks, symmetric=True)
-    blocks_from_fp32(load_graph(first, load_data=False), first, dest, dict.fromkeys(wider, wide_blocks))
+    blocks_from_fp32(load_structure(first), first, dest, dict.fromkeys(wider, wide_blocks))
     for file in graph_files(first):
         file.unlink()
 
