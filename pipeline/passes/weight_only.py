@@ -76,7 +76,7 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     readers = _readers(graph)
-    done: dict[str, tuple[Blocks, list[str]]] = {}  # weight -> its blocks and initializer names, for a shared one
+    done: dict[str, tuple[Blocks, list[str], str]] = {}  # weight -> its blocks, initializers and first node
     rewritten = 0
     for index, node in enumerate(graph.node):
         blocks = plan.get(node.name)
@@ -85,11 +85,12 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
             continue
         weight = tensor.name
         if weight not in done:
-            done[weight] = (blocks, _add_blocks(graph, read_array(tensor, source), weight, blocks))
+            done[weight] = (blocks, _add_blocks(graph, read_array(tensor, source), weight, blocks), node.name)
         elif done[weight][0] != blocks:
             raise QuantizationError(
-                f"MatMuls {node.name!r} and another share the weight {weight!r} but are planned in different "
-                "blocks; give both the same bits (or keep both fp32 with `exclude`)."
+                f"MatMuls {done[weight][2]!r} and {node.name!r} share the weight {weight!r} but are planned at "
+                f"{done[weight][0].bits} and {blocks.bits} bits, and one weight has one set of blocks; keep one of "
+                "them fp32 (exclude) or widen both."
             )
         k, n = tensor.dims
         graph.node[index].CopyFrom(_matmul_nbits(node, done[weight][1], k, n, blocks))

@@ -211,3 +211,27 @@ def test_quantize_weight_only_holds_far_less_than_the_fp32_weights(tmp_path, mon
     )
     memory = json.loads(done.stdout.splitlines()[-1])
     assert memory["peak"] - memory["base"] < 0.75 * fp32
+
+
+def test_quantize_weight_only_refuses_a_shared_weight_planned_at_two_bits(tmp_path):
+    from pipeline.errors import QuantizationError
+
+    weight = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="body"),
+        helper.make_node("MatMul", ["h", "w"], ["logits"], name="head"),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "shared",
+        [value("x", TensorProto.FLOAT, [1, 64])],
+        [value("logits", TensorProto.FLOAT, [1, 64])],
+        [weight],
+    )
+    save_graph(helper.make_model(graph), tmp_path / "shared.onnx")
+    with pytest.raises(QuantizationError, match=r"'body' and 'head' share the weight 'w' but are planned at 4 and 8"):
+        quantize_weight_only(tmp_path / "shared.onnx", tmp_path / "q.onnx", _settings(4, "symmetric", 32))
+    quantize_weight_only(tmp_path / "shared.onnx", tmp_path / "q.onnx", _settings(8, "symmetric", 32))
+    nodes = onnx.load(str(tmp_path / "q.onnx")).graph.node
+    assert [n.input[1:] for n in nodes] == [["w_Q8", "w_scales"]] * 2  # one set of blocks, read by both
