@@ -177,3 +177,25 @@ def test_read_array_reads_one_tensor_and_refuses_bytes_past_its_data_file(tmp_pa
             entry.value = str(int(entry.value) + 8)
     with pytest.raises(ExportError, match=r"tensor 'W' of shape \[8, 64\] claims bytes 8\.\.2056 of m\.onnx\.data"):
         read_array(weight, tmp_path / "m.onnx")
+
+
+def test_load_structure_points_a_one_file_graphs_weights_at_their_bytes_in_it(tmp_path):
+    from pipeline.onnx_files import load_external, load_structure, read_array
+
+    save_graph(_graph(), tmp_path / "m.onnx")
+    model = load_structure(tmp_path / "m.onnx")
+    external = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer if t.external_data}
+    assert list(external) == ["W"] and external["W"]["location"] == "m.onnx"  # the 4-byte bias stays inline
+    weight = next(t for t in model.graph.initializer if t.name == "W")
+    np.testing.assert_array_equal(
+        read_array(weight, tmp_path / "m.onnx"), numpy_helper.to_array(_graph().graph.initializer[0])
+    )
+    load_external(model, tmp_path / "m.onnx")
+    whole = onnx.load(str(tmp_path / "m.onnx"))
+    assert model.graph.node == whole.graph.node and model.graph.input == whole.graph.input
+    for tensor, reference in zip(model.graph.initializer, whole.graph.initializer, strict=True):
+        assert tensor.name == reference.name and not tensor.external_data
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), numpy_helper.to_array(reference))
+    (tmp_path / "cut.onnx").write_bytes((tmp_path / "m.onnx").read_bytes()[:-20])
+    with pytest.raises(ExportError, match="truncated"):
+        load_structure(tmp_path / "cut.onnx")

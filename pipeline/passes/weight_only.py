@@ -7,7 +7,7 @@ initializers and node its MatMulNBitsQuantizer writes; int4 blocks with a float 
 pipeline/passes/block_minimum.py. Activations stay float (accuracy_level sets how the kernel multiplies).
 
 The graph is read without its data, and each weight alone from its data file, quantized and dropped before the
-next: ONNX Runtime's quantizer holds the whole fp32 graph, several copies at times (about 10 GB for a 1.8 GB
+next: ONNX Runtime's quantizer holds the whole fp32 graph, several copies at times (6.9 GB for a 1.8 GB
 graph), which no 1B-parameter decoder fits on a 24 GB host. docs/targets.md has the measurements.
 """
 
