@@ -59,24 +59,151 @@ def graph_files(path: Path) -> list[Path]:
 def load_graph(path: Path, load_data: bool = True):
     """The ModelProto of the graph file `path`, its external data read in from beside it (checked first)."""
     import onnx
-    from onnx.external_data_helper import load_external_data_for_model
 
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
-    external = _external_tensors(model)
-    for tensor in external:
+    for tensor in _external_tensors(model):
         _location(tensor, path)
-    if load_data and external:
-        load_external_data_for_model(model, str(path.parent))
+    if load_data:
+        load_external(model, path)
     return model
 
 
-def save_graph(model, path: Path) -> list[Path]:
+def load_structure(path: Path):
+    """The ModelProto of the graph file `path` without the bytes of its large tensors: a data file's tensors stay
+    there (checked), and an inline initializer of INLINE_BELOW bytes or more is pointed at its raw data inside the
+    graph file itself, as if that were its data file. `read_array` then reads one weight at a time, and
+    `load_external` the rest; `onnx.load` would hold a one-file graph's bytes twice, then its whole proto."""
+    from onnx import GraphProto, ModelProto
+
+    path = Path(path)
+    with open(path, "rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        model = bytearray()
+        for number, start, value, end in _fields(file, 0, size):
+            if number == ModelProto.DESCRIPTOR.fields_by_name["graph"].number and value is not None:
+                graph = bytearray()
+                for inner, field_start, tensor, field_end in _fields(file, value, end):
+                    if inner == GraphProto.DESCRIPTOR.fields_by_name["initializer"].number and tensor is not None:
+                        graph += _wrapped(GraphProto, "initializer", _pointed(file, tensor, field_end, path))
+                    else:
+                        graph += _read(file, field_start, field_end)
+                model += _key(ModelProto, "graph") + _varint(len(graph)) + graph
+            else:
+                model += _read(file, start, end)
+    loaded = ModelProto.FromString(bytes(model))
+    for tensor in _external_tensors(loaded):
+        _location(tensor, path)
+    return loaded
+
+
+def _read(file, start: int, end: int) -> bytes:
+    file.seek(start)
+    return file.read(end - start)
+
+
+def _read_varint(file) -> int:
+    value, shift = 0, 0
+    while True:
+        byte = file.read(1)
+        if not byte:
+            raise ExportError(f"{file.name}: the graph file ends inside a field; it is truncated. Re-export the model.")
+        value |= (byte[0] & 0x7F) << shift
+        shift += 7
+        if byte[0] < 0x80:
+            return value
+
+
+def _fields(file, start: int, end: int):
+    """(field number, start of the field, start of its value where length-delimited else None, end) of each
+    protobuf field between `start` and `end` of `file`."""
+    position = start
+    while position < end:
+        file.seek(position)
+        key = _read_varint(file)
+        wire = key & 7
+        if wire == 0:
+            _read_varint(file)
+            value, stop = None, file.tell()
+        elif wire == 2:
+            length = _read_varint(file)
+            value = file.tell()
+            stop = value + length
+        elif wire in (1, 5):
+            value, stop = None, file.tell() + (8 if wire == 1 else 4)
+        else:
+            raise ExportError(f"{file.name}: protobuf wire type {wire} at byte {position} is not ONNX's; re-export.")
+        if stop > end:
+            raise ExportError(f"{file.name}: a field at byte {position} runs past its message; it is truncated.")
+        yield key >> 3, position, value, stop
+        position = stop
+
+
+def _pointed(file, start: int, end: int, path: Path) -> bytes:
+    """The tensor encoded between `start` and `end` of the graph file `path`, its raw data (where it has any) left
+    in the file and pointed at there."""
+    from onnx import TensorProto
+
+    if end - start < INLINE_BELOW:
+        return _read(file, start, end)
+    rest, raw = bytearray(), None
+    for number, field_start, value, field_end in _fields(file, start, end):
+        if number == TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number and value is not None:
+            raw = (value, field_end - value)
+        else:
+            rest += _read(file, field_start, field_end)
+    if raw is None:
+        return _read(file, start, end)
+    tensor = TensorProto.FromString(bytes(rest))
+    for key, value in (("location", path.name), ("offset", raw[0]), ("length", raw[1])):
+        tensor.external_data.add(key=key, value=str(value))
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor.SerializeToString()
+
+
+def load_external(model, path: Path) -> None:
+    """Read into `model` the data of the tensors it still keeps in data files beside its graph file `path`."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    external = _external_tensors(model)
+    for tensor in external:
+        _location(tensor, Path(path))
+    if external:
+        load_external_data_for_model(model, str(Path(path).parent))
+
+
+def read_array(tensor, path: Path):
+    """The numpy array of the initializer `tensor` of the graph file `path`: where its data is in a data file,
+    only its own bytes are read (at its offset), so a graph's weights can be visited one at a time."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    path = Path(path)
+    file = path.parent / _location(tensor, path)
+    entries = {e.key: e.value for e in tensor.external_data}
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    offset, length = int(entries.get("offset", 0)), int(entries.get("length", count * dtype.itemsize))
+    if length != count * dtype.itemsize or offset < 0 or offset + length > file.stat().st_size:
+        raise ExportError(
+            f"{path}: tensor {tensor.name!r} of shape {list(tensor.dims)} claims bytes {offset}..{offset + length} "
+            f"of {file.name} ({file.stat().st_size} bytes), which do not hold it. Re-export the model."
+        )
+    return np.fromfile(file, dtype=dtype, count=count, offset=offset).reshape(tuple(tensor.dims))
+
+
+def save_graph(model, path: Path, consume: bool = False) -> list[Path]:
     """Write `model` to `path`: one file where it serializes under SINGLE_FILE_LIMIT bytes, else with every
     initializer of INLINE_BELOW bytes or more in `<name>.data` beside it. Returns the files written.
 
     Writing a data file moves the weights out of `model` (its tensors then point at the file), which frees their
-    memory; `model` must hold its data (loaded with `load_graph`, not `load_data=False`)."""
+    memory; `model` must hold its data (loaded with `load_graph`, not `load_data=False`). With `consume`, `model`
+    gives its initializers up to the file (it is left without them), and a graph under the limit is written one
+    initializer at a time: protobuf's own encoder (`ByteSize` included) holds a whole graph's bytes two to four
+    times over while it writes them."""
     import onnx
 
     path = Path(path)
@@ -84,7 +211,15 @@ def save_graph(model, path: Path) -> list[Path]:
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
     if _external_tensors(model):
         raise ExportError(f"cannot write {path}: the graph still points at external data it has not loaded")
-    if model.ByteSize() < SINGLE_FILE_LIMIT:
+    if consume:
+        initializers = list(model.graph.initializer)
+        del model.graph.initializer[:]  # the list keeps each tensor
+        if model.ByteSize() + sum(_field_size(t) for t in initializers) < SINGLE_FILE_LIMIT:
+            _write_streamed(model, initializers, path)
+            return [path]
+        model.graph.initializer.extend(initializers)  # over the limit: onnx moves each to the data file
+        del initializers
+    elif model.ByteSize() < SINGLE_FILE_LIMIT:
         onnx.save_model(model, str(path))
         return [path]
     onnx.save_model(
@@ -97,6 +232,64 @@ def save_graph(model, path: Path) -> list[Path]:
         convert_attribute=False,
     )
     return [path, data]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _key(message, field: str) -> bytes:
+    """The wire key of the length-delimited field `field` of the protobuf message type `message`."""
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _wrapped(message, field: str, value: bytes) -> bytes:
+    return _key(message, field) + _varint(len(value)) + value
+
+
+def _tensor_parts(tensor) -> tuple[bytes, bytes]:
+    """A tensor's wire bytes as (head, raw data): a plain tensor (name, dims, type, raw data) is encoded around its
+    raw data, which is then copied once, and never into a growing encode buffer."""
+    from onnx import TensorProto
+
+    fields = {f.name for f, _ in tensor.ListFields()}  # data_location is set (to DEFAULT) once data is loaded
+    plain = fields <= {"name", "dims", "data_type", "raw_data", "data_location"} and "raw_data" in fields
+    if not plain or tensor.data_location != TensorProto.DEFAULT:
+        return tensor.SerializeToString(), b""
+    raw = tensor.raw_data
+    head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()
+    return head + _key(TensorProto, "raw_data") + _varint(len(raw)), raw
+
+
+def _wrappers(size: int) -> bytes:
+    """The keys and lengths that put a tensor of `size` wire bytes in a graph field of its own, as an initializer
+    (protobuf merges the repeated occurrences of a message field into one graph)."""
+    from onnx import GraphProto, ModelProto
+
+    initializer = _key(GraphProto, "initializer") + _varint(size)
+    return _key(ModelProto, "graph") + _varint(len(initializer) + size) + initializer
+
+
+def _field_size(tensor) -> int:
+    head, raw = _tensor_parts(tensor)
+    return len(_wrappers(len(head) + len(raw))) + len(head) + len(raw)
+
+
+def _write_streamed(model, initializers: list, path: Path) -> None:
+    """Write `model` (its initializers taken out) and then each of `initializers`, in order, in its own graph field;
+    each tensor leaves the list once written."""
+    initializers.reverse()
+    with open(path, "wb") as file:
+        file.write(model.SerializeToString())
+        while initializers:
+            head, raw = _tensor_parts(initializers.pop())
+            file.write(_wrappers(len(head) + len(raw)) + head)
+            file.write(raw)
 
 
 def _place(source: Path, dest: Path, move: bool) -> list[Path]:

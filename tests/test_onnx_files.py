@@ -139,3 +139,63 @@ def test_quantized_graph_of_a_data_file_graph_is_one_file_where_it_fits(tmp_path
     _run_single(tmp_path)  # the same graph in one file, quantized alike: the data file changes nothing
     quantize(tmp_path / "single" / "m.onnx", tmp_path / "single" / "q.onnx", settings)
     np.testing.assert_array_equal(_run(tmp_path / "q.onnx"), _run(tmp_path / "single" / "q.onnx"))
+
+
+def test_save_graph_consume_writes_the_same_graph_one_initializer_at_a_time(tmp_path):
+    model = _graph()
+    # A tensor of float_data, not raw bytes, is written whole; a plain one around its raw data.
+    model.graph.initializer.append(helper.make_tensor("unused", TensorProto.FLOAT, [2], [1.5, 2.5]))
+    save_graph(_graph(), tmp_path / "plain.onnx")
+    expected = onnx.load(str(tmp_path / "plain.onnx"))
+    assert save_graph(model, tmp_path / "m.onnx", consume=True) == [tmp_path / "m.onnx"]
+    assert len(model.graph.initializer) == 0  # given up to the file
+    got = onnx.load(str(tmp_path / "m.onnx"))
+    assert [t.name for t in got.graph.initializer] == ["W", "b", "unused"]
+    for tensor, reference in zip(got.graph.initializer, expected.graph.initializer, strict=False):
+        assert tensor == reference
+    assert numpy_helper.to_array(got.graph.initializer[2]).tolist() == [1.5, 2.5]
+    assert got.graph.node == expected.graph.node and got.opset_import == expected.opset_import
+    np.testing.assert_array_equal(_run(tmp_path / "m.onnx"), _run(tmp_path / "plain.onnx"))
+
+
+def test_save_graph_consume_writes_a_data_file_when_over_limit(tmp_path, forced):
+    assert save_graph(_graph(), tmp_path / "m.onnx", consume=True) == [tmp_path / "m.onnx", tmp_path / "m.onnx.data"]
+    np.testing.assert_array_equal(_run(tmp_path / "m.onnx"), _run_single(tmp_path))
+
+
+def test_read_array_reads_one_tensor_and_refuses_bytes_past_its_data_file(tmp_path, forced):
+    from pipeline.onnx_files import read_array
+
+    save_graph(_graph(), tmp_path / "m.onnx")
+    model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    weight = next(t for t in model.graph.initializer if t.name == "W")
+    np.testing.assert_array_equal(
+        read_array(weight, tmp_path / "m.onnx"), numpy_helper.to_array(_graph().graph.initializer[0])
+    )
+    for entry in weight.external_data:
+        if entry.key == "offset":
+            entry.value = str(int(entry.value) + 8)
+    with pytest.raises(ExportError, match=r"tensor 'W' of shape \[8, 64\] claims bytes 8\.\.2056 of m\.onnx\.data"):
+        read_array(weight, tmp_path / "m.onnx")
+
+
+def test_load_structure_points_a_one_file_graphs_weights_at_their_bytes_in_it(tmp_path):
+    from pipeline.onnx_files import load_external, load_structure, read_array
+
+    save_graph(_graph(), tmp_path / "m.onnx")
+    model = load_structure(tmp_path / "m.onnx")
+    external = {t.name: {e.key: e.value for e in t.external_data} for t in model.graph.initializer if t.external_data}
+    assert list(external) == ["W"] and external["W"]["location"] == "m.onnx"  # the 4-byte bias stays inline
+    weight = next(t for t in model.graph.initializer if t.name == "W")
+    np.testing.assert_array_equal(
+        read_array(weight, tmp_path / "m.onnx"), numpy_helper.to_array(_graph().graph.initializer[0])
+    )
+    load_external(model, tmp_path / "m.onnx")
+    whole = onnx.load(str(tmp_path / "m.onnx"))
+    assert model.graph.node == whole.graph.node and model.graph.input == whole.graph.input
+    for tensor, reference in zip(model.graph.initializer, whole.graph.initializer, strict=True):
+        assert tensor.name == reference.name and not tensor.external_data
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), numpy_helper.to_array(reference))
+    (tmp_path / "cut.onnx").write_bytes((tmp_path / "m.onnx").read_bytes()[:-20])
+    with pytest.raises(ExportError, match="truncated"):
+        load_structure(tmp_path / "cut.onnx")

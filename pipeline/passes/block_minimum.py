@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.onnx_files import load_graph, save_graph
+from pipeline.onnx_files import load_external, load_structure, read_array, save_graph
 
 LEVELS = 15  # 4-bit codes 0..15
 DEFAULT_ZERO_POINT = 8  # MatMulNBits' zero point for 4-bit blocks when none is given
@@ -48,16 +48,17 @@ def block_sums(k: int, block: int) -> np.ndarray:
     return sums
 
 
-def _weight(node, initializers: dict, excluded: set):
-    """The node's constant 2-D fp32 weight, where it is a MatMul this scheme replaces; else None."""
-    from onnx import TensorProto, numpy_helper
+def _weight(node, initializers: dict, excluded: set, source: Path):
+    """The node's constant 2-D fp32 weight (read alone from the graph file `source`), where it is a MatMul this
+    scheme replaces; else None."""
+    from onnx import TensorProto
 
     if node.op_type != "MatMul" or node.name in excluded or node.input[1] not in initializers:
         return None
     tensor = initializers[node.input[1]]
     if tensor.data_type != TensorProto.FLOAT or len(tensor.dims) != 2:
         return None
-    return numpy_helper.to_array(tensor)
+    return read_array(tensor, source)
 
 
 def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_level: int, exclude=(), only=None):
@@ -65,14 +66,14 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
     4-bit blocks with a float minimum, written to `dest`. Returns the number of MatMuls rewritten."""
     from onnx import helper, numpy_helper
 
-    model = load_graph(source)
+    model = load_structure(source)  # each weight is read alone, then only the kept ones
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
     excluded = set(exclude) | (names - set(only) if only is not None else set())
     nodes, added, sums_of, replaced, shared = [], [], {}, set(), set()
     for node in graph.node:
-        weight = _weight(node, initializers, excluded)
+        weight = _weight(node, initializers, excluded, source)
         if weight is None:
             nodes.append(node)
             continue
@@ -108,11 +109,15 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
         ]
         replaced.add(node.input[1])
     used = {i for n in nodes for i in n.input}  # a weight another node shares (a tied embedding) stays
-    kept = [t for t in graph.initializer if t.name not in replaced or t.name in used]
-    del graph.node[:], graph.initializer[:]
+    for index in reversed(range(len(graph.initializer))):  # deleted in place: a rebuilt list would copy the rest
+        if graph.initializer[index].name in replaced - used:
+            del graph.initializer[index]
+    del graph.node[:]
     graph.node.extend(nodes)
-    graph.initializer.extend(kept + added)
+    graph.initializer.extend(added)
+    del added
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    save_graph(model, dest)
+    load_external(model, source)
+    save_graph(model, dest, consume=True)
     return len(replaced)

@@ -1,19 +1,36 @@
 """weight_only: a graph pass that stores MatMul weights in int8 or int4 blocks (ONNX Runtime's MatMulNBits).
 
-    X --MatMul(W fp32)--> Y      becomes      X --MatMulNBits(codes, scales[, zero points])--> Y
+    X --MatMul(W fp32)--> Y      becomes      X --MatMulNBits(W_Q<bits>, W_scales[, W_zero_points])--> Y
 
-Symmetric blocks (a scale a block) or zero-point blocks go through ONNX Runtime's quantizer; int4 blocks with a
-float minimum go through pipeline/passes/block_minimum.py. Activations stay float (accuracy_level sets how the
-kernel multiplies).
+Symmetric blocks (a scale a block) or zero-point blocks are made by ONNX Runtime's own C++ kernel, into the
+initializers and node its MatMulNBitsQuantizer writes; int4 blocks with a float minimum go through
+pipeline/passes/block_minimum.py. Activations stay float (accuracy_level sets how the kernel multiplies).
+
+The graph is read without its data, and each weight alone from its data file, quantized and dropped before the
+next: ONNX Runtime's quantizer holds the whole fp32 graph, several copies at times (6.9 GB for a 1.8 GB
+graph), which no 1B-parameter decoder fits on a 24 GB host. docs/targets.md has the measurements.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
-from pipeline.onnx_files import graph_files, load_graph, save_graph
+from pipeline.errors import QuantizationError
+from pipeline.onnx_files import graph_files, load_external, load_structure, read_array, save_graph
 from pipeline.passes.block_minimum import quantize_with_block_minimum
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """How one MatMul's weight is stored: bits a weight, symmetric or with zero points, the block, the kernel's
+    accuracy level."""
+
+    bits: int
+    symmetric: bool
+    block_size: int
+    accuracy_level: int | None
 
 
 def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=None, wide=()) -> None:
@@ -21,49 +38,149 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     `settings.accuracy_level`; blocks symmetric, with integer zero points, or with float minimums as
     `settings.blocks` says), the LM head (the MatMul making `logits`) and the nodes in `wide` in
     `settings.head_bits`; the nodes in `exclude` (or, given `only`, all others) stay fp32."""
-    import onnx
-
-    graph = onnx.load(str(source), load_external_data=False).graph
+    model = load_structure(source)
+    graph = model.graph
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
     fp32 = set(exclude) | (names - set(only) if only is not None else set())
     head = next((n.name for n in graph.node if n.op_type == "MatMul" and "logits" in n.output), None)
-    wider = sorted({n for n in (*wide, head) if n is not None and n not in fp32})
-    if not wider or settings.head_bits == settings.bits:
-        _weight_only(source, dest, settings, sorted(fp32))
+    wider = {n for n in (*wide, head) if n is not None and n not in fp32}
+    if settings.head_bits == settings.bits:
+        wider = set()
+    body = Blocks(settings.bits, settings.blocks == "symmetric", settings.block_size, settings.accuracy_level)
+    wide_blocks = dataclasses.replace(body, bits=settings.head_bits)
+    if settings.blocks != "minimum":
+        plan = {n: wide_blocks if n in wider else body for n in names - fp32}
+        blocks_from_fp32(model, source, dest, plan)
         return
-    body = dest.with_name(f"{dest.stem}.body.onnx")
-    _weight_only(source, body, settings, sorted(fp32 | set(wider)))
-    blocks = "symmetric" if settings.blocks == "minimum" else settings.blocks  # minimum is 4-bit: its head is 8
-    _weight_only(body, dest, dataclasses.replace(settings, bits=settings.head_bits, blocks=blocks), only=wider)
-    for file in graph_files(body):
+    del model, graph  # block minimum reads the graph itself
+    if not wider:
+        quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, sorted(fp32))
+        return
+    # Minimum blocks are 4-bit only: the wide nodes get symmetric blocks at the head's bits, in a second pass.
+    first = dest.with_name(f"{dest.stem}.body.onnx")
+    quantize_with_block_minimum(source, first, settings.block_size, settings.accuracy_level, sorted(fp32 | wider))
+    wide_blocks = dataclasses.replace(wide_blocks, symmetric=True)
+    blocks_from_fp32(load_structure(first), first, dest, dict.fromkeys(wider, wide_blocks))
+    for file in graph_files(first):
         file.unlink()
 
 
-def _weight_only(source: Path, dest: Path, settings, exclude=(), only=None) -> None:
-    """quantize_weight_only for every MatMul at `settings.bits`."""
-    import logging
+def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -> int:
+    """Rewrite each MatMul of `model` (the graph file `source`, loaded without its data) that `plan` names and
+    whose weight is a constant 2-D fp32 initializer into MatMulNBits with the plan's blocks, as ONNX Runtime's
+    MatMulNBitsQuantizer does; write the result to `dest`. Returns the number of MatMuls rewritten.
 
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    Only one fp32 weight is read at a time; an initializer no node reads any more leaves the graph at once."""
+    from onnx import TensorProto
 
-    if settings.blocks == "minimum":
-        quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, exclude, only)
-        return
-    model = load_graph(source)  # the quantizer works on this one copy of the weights, replacing them node by node
-    names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-    excluded = list(exclude) + ([n for n in names if n not in set(only)] if only is not None else [])
-    config = DefaultWeightOnlyQuantConfig(
-        block_size=settings.block_size,
-        is_symmetric=settings.blocks == "symmetric",
-        bits=settings.bits,
-        accuracy_level=settings.accuracy_level,
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers = _readers(graph)
+    done: dict[str, tuple[Blocks, list[str], str]] = {}  # weight -> its blocks, initializers and first node
+    rewritten = 0
+    for index, node in enumerate(graph.node):
+        blocks = plan.get(node.name)
+        tensor = initializers.get(node.input[1]) if node.op_type == "MatMul" and blocks else None
+        if tensor is None or tensor.data_type != TensorProto.FLOAT or len(tensor.dims) != 2:
+            continue
+        weight = tensor.name
+        if weight not in done:
+            done[weight] = (blocks, _add_blocks(graph, read_array(tensor, source), weight, blocks), node.name)
+        elif done[weight][0] != blocks:
+            raise QuantizationError(
+                f"MatMuls {done[weight][2]!r} and {node.name!r} share the weight {weight!r} but are planned at "
+                f"{done[weight][0].bits} and {blocks.bits} bits, and one weight has one set of blocks; keep one of "
+                "them fp32 (exclude) or widen both."
+            )
+        k, n = tensor.dims
+        graph.node[index].CopyFrom(_matmul_nbits(node, done[weight][1], k, n, blocks))
+        rewritten += 1
+        readers[weight] -= 1
+        if readers[weight] == 0:
+            _drop(graph, weight)
+            del initializers[weight]
+    readers = _readers(graph)
+    for name in [t.name for t in graph.initializer if not readers[t.name]]:  # as ORT's clean_initializers
+        _drop(graph, name)
+    _set_opset(model, "com.microsoft", 1)
+    load_external(model, source)
+    save_graph(model, dest, consume=True)
+    return rewritten
+
+
+def _add_blocks(graph, weight, name: str, blocks: Blocks) -> list[str]:
+    """Quantize `weight` [K, N] with ONNX Runtime's kernel and add its codes, scales and (with zero points) zero
+    points as initializers named as ONNX Runtime names them; their names, in MatMulNBits' input order."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
     )
-    quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
-    # The quantizer logs every node at INFO, through the root logger it configures on import.
-    level = logging.getLogger().level
-    logging.getLogger().setLevel(logging.WARNING)
-    try:
-        quantizer.process()
-    finally:
-        logging.getLogger().setLevel(level)
-    quantizer.model.topological_sort()
-    save_graph(quantizer.model.model, dest)
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=blocks.block_size,
+        is_symmetric=blocks.symmetric,
+        accuracy_level=blocks.accuracy_level,
+        bits=blocks.bits,
+    )
+    packed, scales, zero_points = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
+    del weight
+    tensors = [(packed, f"{name}_Q{blocks.bits}"), (scales, f"{name}_scales")]
+    if not blocks.symmetric:
+        tensors.append((zero_points, f"{name}_zero_points"))
+    graph.initializer.extend(numpy_helper.from_array(array, array_name) for array, array_name in tensors)
+    return [array_name for _, array_name in tensors]
+
+
+def _matmul_nbits(node, weights: list[str], k: int, n: int, blocks: Blocks):
+    """The MatMulNBits node replacing the MatMul `node`, named and attributed as ONNX Runtime's quantizer does."""
+    from onnx import helper
+
+    accuracy = {"accuracy_level": blocks.accuracy_level} if blocks.accuracy_level else {}  # 0 is left out, as ORT
+    return helper.make_node(
+        "MatMulNBits",
+        [node.input[0], *weights],
+        [node.output[0]],
+        name=f"{node.name}_Q{blocks.bits}" if node.name else "",
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=blocks.bits,
+        block_size=blocks.block_size,
+        **accuracy,
+    )
+
+
+def _readers(graph) -> Counter:
+    """How many times each tensor name is read: by a node (of this graph or a subgraph) or as a graph output."""
+    from onnx import AttributeProto
+
+    counts = Counter(o.name for o in graph.output)
+    stack = [graph]
+    while stack:
+        for node in stack.pop().node:
+            counts.update(i for i in node.input if i)
+            for attribute in node.attribute:
+                if attribute.type == AttributeProto.GRAPH:
+                    stack.append(attribute.g)
+                elif attribute.type == AttributeProto.GRAPHS:
+                    stack.extend(attribute.graphs)
+    return counts
+
+
+def _drop(graph, name: str) -> None:
+    """Remove the initializer `name` (and a graph input of that name, as older graphs list them) from `graph`."""
+    for field in (graph.initializer, graph.input):
+        index = next((i for i, t in enumerate(field) if t.name == name), None)
+        if index is not None:
+            del field[index]
+
+
+def _set_opset(model, domain: str, version: int) -> None:
+    from onnx import helper
+
+    found = next((o for o in model.opset_import if o.domain == domain), None)
+    if found is None:
+        model.opset_import.append(helper.make_opsetid(domain, version))
+    else:
+        found.version = version
