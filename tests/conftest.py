@@ -140,6 +140,20 @@ def published_fp32(tiny_bert, texts_file, calibration_file, tmp_path_factory) ->
     return _publish(tiny_bert, texts_file, calibration_file, tmp_path_factory.mktemp("published-fp32"), "cpu-fp32")
 
 
+@pytest.fixture(scope="session")
+def published_openvino(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
+    """The tiny BERT built for a target whose one candidate is OpenVINO fp32."""
+    folder = tmp_path_factory.mktemp("published-openvino")
+    openvino = [{"name": "openvino-fp32", "engine": "openvino", "precision": "fp32"}]
+    return _publish(
+        tiny_bert,
+        texts_file,
+        calibration_file,
+        folder,
+        str(write_target(folder, "ov", "cpu-avx2", candidates=openvino)),
+    )
+
+
 @pytest.fixture
 def artifact_copy(published, tmp_path) -> Path:
     """A writable copy of the session's artifact, laid out as <model>/<version>/<target>."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.console import progress
+from pipeline.errors import PipelineError
 from pipeline.timing import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +144,11 @@ def concurrency(
             if start is None:
                 missing[name] = why
                 continue
-            stop, make_call = start()
+            try:
+                stop, make_call = start()
+            except PipelineError as err:  # a server that cannot start is a row, not the end of the benchmark
+                missing[name] = f"it did not start: {str(err).splitlines()[0][:300]}"
+                continue
             try:
                 for n in progress(callers, f"bench: {name} callers"):
                     rows.append({"variant": name, **drive(make_call, texts, n, seconds)})

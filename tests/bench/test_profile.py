@@ -12,28 +12,7 @@ from pipeline.bench.op_times import onnxruntime_node_times, op_class, openvino_n
 from pipeline.bench.profile import profile
 from pipeline.cli import main
 
-from ..conftest import write_target
-
-OPENVINO_FP32 = [{"name": "openvino-fp32", "engine": "openvino", "precision": "fp32"}]
 SMALL = {"runs": 6, "warmups": 2, "limit_shapes": ((128, 64, 96),), "limit_runs": 2}
-
-
-@pytest.fixture(scope="module")
-def published_openvino(tiny_bert, texts_file, calibration_file, tmp_path_factory):
-    """The tiny BERT built for a target whose one candidate is OpenVINO fp32."""
-    from pipeline.build import build
-
-    folder = tmp_path_factory.mktemp("published-openvino")
-    target = write_target(folder, "ov", base="cpu-avx2", candidates=OPENVINO_FP32)
-    manifest = build(
-        tiny_bert,
-        str(target),
-        validation=texts_file,
-        calibration=calibration_file,
-        artifacts_dir=folder / "artifacts",
-        cache_dir=folder / "cache",
-    )
-    return manifest.published["path"]
 
 
 def _one_matmul(batch: int, seq: int, k: int, n: int):

@@ -30,3 +30,14 @@ def test_serving_bench_measures_every_engine_at_each_concurrency(published_fp32)
     assert got == [(v, n) for v in ("direct", "batcher", "triton-python", "ray-serve") for n in (1, 4)]
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in results["rows"]), results["rows"]
     assert "| ray-serve | 4 |" in "\n".join(markdown(results))
+
+
+def test_a_server_that_cannot_start_is_a_missing_row_and_the_rest_is_measured(published_fp32, tmp_path, monkeypatch):
+    from pipeline.bench import serving
+
+    (tmp_path / ".installed").touch()  # an environment that says it is installed but has no Python at all
+    monkeypatch.setattr(serving, "TRITON_ENV", tmp_path)
+    results = concurrency(load(published_fp32), published_fp32, SMALL_TEXTS, callers=(1,), seconds=0.2)
+    assert "no Python environment" in results["missing"]["triton-python"]
+    assert [r["variant"] for r in results["rows"]][:2] == ["direct", "batcher"]
+    assert "- triton-python: not measured (it did not start: " in "\n".join(markdown(results))

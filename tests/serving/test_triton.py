@@ -148,6 +148,15 @@ def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_f
         os.kill(pid, 0)  # stopped by its pid
 
 
+@needs_server
+def test_live_triton_serves_an_openvino_artifact(published_openvino, tmp_path):
+    # The Python backend runs in .venv-triton, which must hold the artifact's engine (the triton extra's openvino).
+    repository_from_artifact(published_openvino, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))
+    with LocalTriton(tmp_path / "repo", TRITON_ENV) as server:
+        got = _infer(server.url, "tiny-bert_python", [SMALL_TEXTS[0]], "EMBEDDING")
+    np.testing.assert_allclose(got, load(published_openvino).run(SMALL_TEXTS[:1]), atol=1e-5)
+
+
 def test_triton_refuses_a_port_in_use(published, tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
