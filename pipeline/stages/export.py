@@ -19,6 +19,7 @@ Only the last position's logits are computed (see `last_token_logits`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import shutil
 import warnings
 from pathlib import Path
@@ -218,7 +219,6 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     from optimum.exporters.onnx import main_export
 
     tokenizer = load_hf_tokenizer(checkpoint)
-    model = load_torch_model(checkpoint)
     generation = generation_settings(checkpoint, tokenizer)
     scratch = out / "optimum"
     with silenced("optimum", "transformers"):
@@ -236,6 +236,8 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
         except Exception as err:  # optimum and torch raise many types; all mean the same to the user
             what = f"optimum could not export {checkpoint.path} for text generation with a KV cache"
             raise _failed(what, err) from None
+    gc.collect()  # optimum's copy of the model, before this stage loads its own
+    model = load_torch_model(checkpoint)
     graph = load_graph(scratch / "model.onnx")
     sliced = last_token_logits(graph)
     attention = _fused_attention(graph, model, arch, checkpoint.max_length)

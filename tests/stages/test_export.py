@@ -192,6 +192,20 @@ def test_onnx_from_causal_lm_has_kv_cache_io_and_last_token_logits(tiny_gpt2, tm
         np.testing.assert_allclose(got, full[position], atol=1e-4)
 
 
+def test_a_decoder_export_loads_its_pytorch_model_only_after_optimum_wrote_the_graph(tiny_gpt2, tmp_path, monkeypatch):
+    # Two copies of a model's weights at once (this stage's and optimum's) was most of a 1B export's peak memory.
+    written_first = []
+    load = export.load_torch_model
+
+    def loading(checkpoint):
+        written_first.append(any(tmp_path.rglob("optimum/model.onnx")))
+        return load(checkpoint)
+
+    monkeypatch.setattr(export, "load_torch_model", loading)
+    _export(tiny_gpt2, tmp_path)
+    assert written_first == [True]
+
+
 def test_last_token_logits_leaves_other_graphs_alone():
     import onnx
 
