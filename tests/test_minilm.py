@@ -10,14 +10,16 @@ from pipeline.data import DEFAULT_VALIDATION, read_texts
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load
 from pipeline.stages.checkpoint import default_checkpoint
 
+from .conftest import scratch
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def minilm_build(tmp_path_factory):
-    root = tmp_path_factory.mktemp("minilm")
-    dirs = {"artifacts_dir": root / "artifacts", "cache_dir": root / "cache"}
-    return build(**dirs), dirs
+    with scratch(tmp_path_factory, "minilm") as root:
+        dirs = {"artifacts_dir": root / "artifacts", "cache_dir": root / "cache"}
+        yield build(**dirs), dirs
 
 
 def test_minilm_artifact_matches_sentence_transformers(minilm_build):

