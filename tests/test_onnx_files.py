@@ -115,7 +115,7 @@ def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusio
 
     save_graph(_graph(), tmp_path / "m.onnx")
     (tmp_path / "out").mkdir()
-    config = OptimizeConfig(fusions=fusions, level=1, model_type="gpt2" if fusions else "")
+    config = OptimizeConfig(fusions=fusions, level=1, model_type="gpt2" if fusions else "", packed=True)
     fused_from_onnx(tmp_path / "m.onnx", config, tmp_path / "out")
     graph = tmp_path / "out" / "model.onnx"
     assert graph_files(graph) == [graph, tmp_path / "out" / "model.onnx.data"]

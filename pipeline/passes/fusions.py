@@ -3,6 +3,8 @@ knows the family (an `ort_model_type`); otherwise only the generic passes (ONNX 
 
     MatMul+Add+Softmax+...  ->  Attention        Add+LayerNorm  ->  SkipLayerNormalization
     Add(bias)+Gelu          ->  BiasGelu         Gather*3+LayerNorm -> EmbedLayerNormalization
+
+and, where the config asks (decoders), MatMuls that read one input packed into one (pipeline/passes/packing.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 
 from pipeline.console import silenced
 from pipeline.errors import ExportError
-from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, save_graph
+from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, load_graph, save_graph
+from pipeline.passes.packing import matmuls_packed
 
 
 def op_counts(path: Path) -> dict[str, int]:
@@ -41,7 +44,8 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
             )
         fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
         optimized.topological_sort()
-        save_graph(optimized.model, target_file)
+        packed = matmuls_packed(optimized.model) if config.packed else 0
+        save_graph(optimized.model, target_file, consume=True)
     else:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -54,7 +58,13 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
                 "session.optimized_model_external_initializers_min_size_in_bytes", str(INLINE_BELOW)
             )
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-        fused = {}
+        fused, packed = {}, 0
+        if config.packed:
+            model = load_graph(target_file)
+            packed = matmuls_packed(model)
+            if packed:
+                save_graph(model, target_file, consume=True)
+            del model
     after = op_counts(target_file)
     if not after:
         raise ExportError(f"optimizing {source} left an empty graph")
@@ -64,5 +74,6 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
         "op_counts_before": before,
         "op_counts_after": after,
         "fused": fused,
+        "packed_matmuls": packed,
         "passes": f"onnxruntime {config.model_type} fusions" if config.fusions and config.model_type else "generic",
     }

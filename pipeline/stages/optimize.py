@@ -19,11 +19,13 @@ VERSION = 1
 class OptimizeConfig:
     """The target's [optimize] settings and the ONNX Runtime optimizer model type of the architecture ("" where
     the optimizer does not know the family: then only the generic passes run, constant folding and dead-node
-    removal)."""
+    removal); `packed`: MatMuls that read one input packed into one (decoders: a step at batch 1 makes one kernel
+    call for them)."""
 
     fusions: bool
     level: int
     model_type: str
+    packed: bool
 
 
 STAGE = StageSpec("optimize", VERSION, OptimizeConfig, packages=("onnxruntime", "onnx"))
@@ -32,8 +34,13 @@ STAGE = StageSpec("optimize", VERSION, OptimizeConfig, packages=("onnxruntime", 
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Optimize the exported graph (cached by the export's key and the declared optimize settings)."""
     source = manifest.stage("export")
-    model_type = architecture_of(manifest.checkpoint).ort_model_type or ""
-    config = OptimizeConfig(fusions=target.optimize.fusions, level=target.optimize.level, model_type=model_type)
+    arch = architecture_of(manifest.checkpoint)
+    config = OptimizeConfig(
+        fusions=target.optimize.fusions,
+        level=target.optimize.level,
+        model_type=arch.ort_model_type or "",
+        packed=arch.family == "decoder",
+    )
     record = run_cached(
         manifest.cache_dir,
         STAGE,

@@ -36,10 +36,14 @@ def test_fused_from_onnx_makes_skip_layer_norm_where_ort_knows_the_family(residu
     feeds = {"a": X, "b": X[::-1].copy()}
     (tmp_path / "f").mkdir()
     (tmp_path / "g").mkdir()
-    fused = fused_from_onnx(residual_norm, OptimizeConfig(fusions=True, level=1, model_type="bert"), tmp_path / "f")
+    fused = fused_from_onnx(
+        residual_norm, OptimizeConfig(fusions=True, level=1, model_type="bert", packed=False), tmp_path / "f"
+    )
     assert fused["op_counts_after"] == {"SkipLayerNormalization": 1} and fused["passes"].startswith("onnxruntime")
     np.testing.assert_allclose(_run(tmp_path / "f" / "model.onnx", **feeds), _run(residual_norm, **feeds), atol=1e-4)
-    generic = fused_from_onnx(residual_norm, OptimizeConfig(fusions=True, level=1, model_type=""), tmp_path / "g")
+    generic = fused_from_onnx(
+        residual_norm, OptimizeConfig(fusions=True, level=1, model_type="", packed=False), tmp_path / "g"
+    )
     assert generic["passes"] == "generic" and "SkipLayerNormalization" not in generic["op_counts_after"]
 
 
