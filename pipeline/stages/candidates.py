@@ -92,7 +92,8 @@ def judge_candidates(candidates, flags, title: str, make, screen: Screen | None 
     whatever reason (ONNX Runtime refusing its graph, a missing package, a file it cannot write), is a "failed"
     row with the error's first line; one that misses its gate is a "missed" row; one whose recipe stopped because
     it could not win (`CannotWin`) a "dropped" row. Candidates that pass join `screen`. Rows come in target order,
-    with each one's cost in seconds. Returns (rows, {name: (built, model)}) for those built."""
+    with each one's cost in seconds. Returns (rows, {name: (built, model)}) for those built, the model
+    None for those that missed."""
     rows, built = {}, {}
     for candidate in progress(_fallback_last(candidates), title):
         missing = sorted(set(candidate.required_cpu_flags) - flags)
@@ -118,9 +119,10 @@ def judge_candidates(candidates, flags, title: str, make, screen: Screen | None 
             **stats,
         )
         rows[candidate.name] = row
-        built[candidate.name] = (made, model)
+        built[candidate.name] = (made, None if missed else model)
         if screen is not None and not missed:
             screen.passed[candidate.name] = model
+        del model  # a missed candidate's session goes now, not at the search's end
         figures = sorted((k, v) for k, v in stats.items() if k != NOT_MEASURED and not isinstance(v, bool))
         note(f"  {candidate.name}: {row['status']}, " + ", ".join(f"{k} {v:.4f}" for k, v in figures))
     return [rows[c.name] for c in candidates], built

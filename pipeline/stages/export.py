@@ -19,7 +19,6 @@ Only the last position's logits are computed (see `last_token_logits`).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import shutil
 import warnings
 from pathlib import Path
@@ -31,6 +30,7 @@ from pipeline.chat_template import chat_template_spec
 from pipeline.console import silenced
 from pipeline.errors import ExportError
 from pipeline.manifest import Checkpoint, Manifest
+from pipeline.memory import release_freed
 from pipeline.onnx_files import load_graph, save_graph
 from pipeline.passes.lm_head import last_token_logits
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
@@ -236,7 +236,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
         except Exception as err:  # optimum and torch raise many types; all mean the same to the user
             what = f"optimum could not export {checkpoint.path} for text generation with a KV cache"
             raise _failed(what, err) from None
-    gc.collect()  # optimum's copy of the model, before this stage loads its own
+    release_freed()  # optimum's copy of the model, before this stage loads its own
     model = load_torch_model(checkpoint)
     graph = load_graph(scratch / "model.onnx")
     sliced = last_token_logits(graph)

@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.console import progress
 from pipeline.manifest import Manifest, candidate_model
+from pipeline.memory import release_freed
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
 from pipeline.recipes import Job, recipe_for
 from pipeline.reference import generation_reference, load_torch_model
@@ -158,6 +159,7 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
         for split in (texts["development"], texts["held_out"])
     )
     del torch_model
+    release_freed()  # PyTorch's freed temporaries, before the candidates' sessions
 
     screen = Screen(lambda model: screen_shapes(model, texts["development"]))
 

@@ -118,7 +118,8 @@ def test_quantize_weight_only_writes_what_onnx_runtimes_quantizer_writes(
     nodes = {n.name: n for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
     assert nodes[f"{HEAD}_Q8"].op_type == "MatMulNBits" and all(f"{n}_Q8" in nodes for n in wide)
     assert all(nodes[n].op_type == "MatMul" for n in exclude)
-    assert sum(n.op_type == "MatMulNBits" for n in nodes.values()) == 9 - len(exclude)  # 2 layers x (qkv, o, up+gate, down), head
+    # 2 layers x (qkv, o, up+gate, down), and the head
+    assert sum(n.op_type == "MatMulNBits" for n in nodes.values()) == 9 - len(exclude)
 
 
 def test_quantize_weight_only_reads_a_graph_whose_weights_are_in_a_data_file(decoder, tmp_path, monkeypatch):

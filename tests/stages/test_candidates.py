@@ -1,6 +1,7 @@
 """The candidate table both searches share: one row per candidate, whatever happens to it."""
 
 import time
+import weakref
 
 import pytest
 
@@ -89,7 +90,34 @@ def test_a_candidate_that_misses_its_gate_is_a_missed_row_with_its_closeness_and
     assert row["status"] == "missed" and row["missed"] == ["cosine_min = 0.95, needs >= 0.99"]
     assert row["closeness"] == pytest.approx(0.95 - 0.99)  # the worst margin: cosine's
     assert row["cosine_min"] == 0.95 and row["size_mb"] == 1.5 and row["build_seconds"] >= 0
-    assert built == {"int8": ("built", "model")}  # built and timed: the search may still show it
+    assert built == {"int8": ("built", None)}  # only passed candidates are timed and held out
+
+
+def test_a_missed_candidates_model_is_let_go_at_once_and_a_passed_ones_kept():
+    class Model:  # stands for a runtime model holding an ONNX Runtime session
+        pass
+
+    made = {}
+
+    def make(candidate):
+        made[candidate.name] = Model()
+        cosine = 0.999 if candidate.name == "fp32" else 0.9
+        return "built", made[candidate.name], {"cosine_min": cosine, "max_abs_diff": 0.02}, GATE, {}
+
+    candidates = [
+        Candidate("int8", "onnxruntime", "int8", quantize="dynamic"),
+        Candidate("fp32", "onnxruntime", "fp32"),
+    ]
+    refs = {}
+
+    def tracking(candidate):
+        result = make(candidate)
+        refs[candidate.name] = weakref.ref(made.pop(candidate.name))
+        return result
+
+    _, built = _judge(candidates, tracking)
+    assert refs["int8"]() is None and built["int8"] == ("built", None)
+    assert refs["fp32"]() is built["fp32"][1]
 
 
 def test_a_candidate_that_passes_has_no_missed_lines_and_a_positive_closeness():
