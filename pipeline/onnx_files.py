@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import ExportError
@@ -344,3 +345,28 @@ def save_if_small(path: Path) -> list[Path]:
     for file in files[1:]:
         file.unlink()
     return save_graph(model, path)
+
+
+def tensor_readers(graph) -> Counter:
+    """How many times each tensor name is read: by a node (of this graph or a subgraph) or as a graph output."""
+    from onnx import AttributeProto
+
+    counts = Counter(o.name for o in graph.output)
+    stack = [graph]
+    while stack:
+        for node in stack.pop().node:
+            counts.update(i for i in node.input if i)
+            for attribute in node.attribute:
+                if attribute.type == AttributeProto.GRAPH:
+                    stack.append(attribute.g)
+                elif attribute.type == AttributeProto.GRAPHS:
+                    stack.extend(attribute.graphs)
+    return counts
+
+
+def drop_initializer(graph, name: str) -> None:
+    """Remove the initializer `name` (and a graph input of that name, as older graphs list them) from `graph`."""
+    for field in (graph.initializer, graph.input):
+        index = next((i for i, t in enumerate(field) if t.name == name), None)
+        if index is not None:
+            del field[index]

@@ -17,6 +17,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from pipeline.onnx_files import drop_initializer, tensor_readers
+
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
@@ -24,10 +26,7 @@ def _groups(graph) -> list[list]:
     """MatMul nodes whose weight is a 2-D fp32 initializer that no other node reads, by their (first) input: two or
     more a group, all of one input width. (A weight read elsewhere, a tied one, is left where it is.)"""
     initializers = {i.name: i for i in graph.initializer}
-    readers = defaultdict(int)
-    for node in graph.node:
-        for name in node.input:
-            readers[name] += 1
+    readers = tensor_readers(graph)
     by_input = defaultdict(list)
     for node in graph.node:
         weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -66,9 +65,8 @@ def _pack(graph, nodes: list, name: str) -> None:
     sizes = np.array([a.shape[1] for a in arrays], np.int64)
     packed = numpy_helper.from_array(np.concatenate(arrays, axis=1), f"{name}.weight")
     del arrays, weights
-    for index in reversed(range(len(graph.initializer))):
-        if graph.initializer[index].name in sole:
-            del graph.initializer[index]
+    for weight in sole:
+        drop_initializer(graph, weight)
     graph.initializer.extend([packed, numpy_helper.from_array(sizes, f"{name}.split")])
     at = list(graph.node).index(nodes[0])  # the group's input is made before its first reader
     for node in nodes:

@@ -14,11 +14,18 @@ graph), which no 1B-parameter decoder fits on a 24 GB host. docs/targets.md has 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import QuantizationError
-from pipeline.onnx_files import graph_files, load_external, load_structure, read_array, save_graph
+from pipeline.onnx_files import (
+    drop_initializer,
+    graph_files,
+    load_external,
+    load_structure,
+    read_array,
+    save_graph,
+    tensor_readers,
+)
 from pipeline.passes.block_minimum import quantize_with_block_minimum
 
 
@@ -75,7 +82,7 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
 
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     done: dict[str, tuple[Blocks, list[str], str]] = {}  # weight -> its blocks, initializers and first node
     rewritten = 0
     for index, node in enumerate(graph.node):
@@ -97,11 +104,11 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
         rewritten += 1
         readers[weight] -= 1
         if readers[weight] == 0:
-            _drop(graph, weight)
+            drop_initializer(graph, weight)
             del initializers[weight]
-    readers = _readers(graph)
+    readers = tensor_readers(graph)
     for name in [t.name for t in graph.initializer if not readers[t.name]]:  # as ORT's clean_initializers
-        _drop(graph, name)
+        drop_initializer(graph, name)
     _set_opset(model, "com.microsoft", 1)
     load_external(model, source)
     save_graph(model, dest, consume=True)
@@ -149,31 +156,6 @@ def _matmul_nbits(node, weights: list[str], k: int, n: int, blocks: Blocks):
         block_size=blocks.block_size,
         **accuracy,
     )
-
-
-def _readers(graph) -> Counter:
-    """How many times each tensor name is read: by a node (of this graph or a subgraph) or as a graph output."""
-    from onnx import AttributeProto
-
-    counts = Counter(o.name for o in graph.output)
-    stack = [graph]
-    while stack:
-        for node in stack.pop().node:
-            counts.update(i for i in node.input if i)
-            for attribute in node.attribute:
-                if attribute.type == AttributeProto.GRAPH:
-                    stack.append(attribute.g)
-                elif attribute.type == AttributeProto.GRAPHS:
-                    stack.extend(attribute.graphs)
-    return counts
-
-
-def _drop(graph, name: str) -> None:
-    """Remove the initializer `name` (and a graph input of that name, as older graphs list them) from `graph`."""
-    for field in (graph.initializer, graph.input):
-        index = next((i for i, t in enumerate(field) if t.name == name), None)
-        if index is not None:
-            del field[index]
 
 
 def _set_opset(model, domain: str, version: int) -> None:
