@@ -219,7 +219,7 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
             kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
             click.echo(
                 f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
-                f"{row['seconds']} s"
+                f"{row['seconds']} s" + (f" (failed: {row['error']})" if row.get("error") else "")
             )
         return
     bad = [g for g in genai if "=" not in g]

@@ -61,29 +61,32 @@ def calibration_memory(
     fp32 = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx"
     if not fp32.exists():
         raise InputError(f"the fp32 graph of {artifact} is not in the stage cache {cache_dir}; rebuild it first")
-    shaped = Path(tempfile.mkdtemp()) / "shaped.onnx"
     from pipeline.passes.int8 import with_shapes
 
-    with_shapes(fp32, shaped)
-    rows = []
-    # Unstreamed, onnxruntime's histogram calibrators stack every batch into one array and fail unless all have
-    # the same shape, so that comparison uses whole batches only.
-    runs = [(n, True) for n in counts] + [(max(16, min(counts) // 16 * 16), False)]
-    for count, streamed in runs:
-        out = shaped.parent / f"{count}-{streamed}.json"
-        args = [str(shaped), str(real / "tokenizer.json"), manifest["model"], count, method, streamed, str(out)]
-        code = (
-            "import json, sys; from pipeline.bench.calibration import _calibrate_in_child as f; "
-            "f(*json.loads(sys.argv[1]))"
-        )
-        child = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(args)],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[2],
-        )
-        result = json.loads(out.read_text()) if child.returncode == 0 else {"peak_rss_mb": None, "seconds": None}
-        rows.append(
-            {"examples": count, "method": method, "streamed": streamed, "exit_code": child.returncode, **result}
-        )
-    return rows
+    with tempfile.TemporaryDirectory() as scratch:
+        shaped = Path(scratch) / "shaped.onnx"
+        with_shapes(fp32, shaped)
+        rows = []
+        # Unstreamed, onnxruntime's histogram calibrators stack every batch into one array and fail unless all have
+        # the same shape, so that comparison uses whole batches only.
+        runs = [(n, True) for n in counts] + [(max(16, min(counts) // 16 * 16), False)]
+        for count, streamed in runs:
+            out = shaped.parent / f"{count}-{streamed}.json"
+            args = [str(shaped), str(real / "tokenizer.json"), manifest["model"], count, method, streamed, str(out)]
+            code = (
+                "import json, sys; from pipeline.bench.calibration import _calibrate_in_child as f; "
+                "f(*json.loads(sys.argv[1]))"
+            )
+            child = subprocess.run(
+                [sys.executable, "-c", code, json.dumps(args)],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parents[2],
+            )
+            result = json.loads(out.read_text()) if child.returncode == 0 else {"peak_rss_mb": None, "seconds": None}
+            if child.returncode:  # the child's last line says why, for the report
+                result["error"] = (child.stderr.strip().splitlines() or ["no message"])[-1]
+            rows.append(
+                {"examples": count, "method": method, "streamed": streamed, "exit_code": child.returncode, **result}
+            )
+        return rows

@@ -79,7 +79,7 @@ def calibration_reader(model, texts: list[str], batch_size: int):
             index = next(self.pending, None)
             if index is None:
                 return None
-            feeds = model.feeds(self.batches[index])
+            feeds = model.feeds(self.batches[index], buckets=False)  # padded to `width` below, not to a bucket
             pad = width - feeds["input_ids"].shape[1]
             pad_ids = {"input_ids": int(model.spec["pad_id"])}
             return {k: np.pad(v, ((0, 0), (0, pad)), constant_values=pad_ids.get(k, 0)) for k, v in feeds.items()}

@@ -207,6 +207,17 @@ def test_calibration_reader_streams_fixed_width_batches(fused):
     assert reader.get_next()["input_ids"].shape[0] == 5 and reader.get_next() is None
 
 
+def test_calibration_reader_ignores_the_artifacts_shape_buckets(fused):
+    from pipeline.passes.int8 import calibration_reader
+
+    manifest, target = fused
+    model = candidate_model(manifest, target)
+    longest = max(len(e.ids) for e in model.encode(SMALL_TEXTS))
+    model.spec["shape_buckets"] = [longest + 7]  # a published spec's plan: a bucket wider than the texts
+    reader = calibration_reader(model, SMALL_TEXTS, 5)
+    assert {feeds["input_ids"].shape[1] for feeds in iter(reader.get_next, None)} == {longest}
+
+
 def test_weight_only_int8_puts_every_matmul_weight_in_matmulnbits_and_records_the_decoder_gate(
     texts_file, calibration_file, build_dirs, tmp_path
 ):
