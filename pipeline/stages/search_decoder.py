@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.console import progress
 from pipeline.manifest import Manifest, candidate_model
 from pipeline.memory import release_freed
-from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure
+from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure, teacher_forced_stats, teacher_outputs
 from pipeline.recipes import Job, recipe_for
 from pipeline.reference import generation_reference, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
@@ -83,21 +83,34 @@ def screen_shapes(model, texts: list[str]) -> dict:
     }
 
 
-def _judge(manifest, target, made, split: tuple) -> tuple[object, dict]:
+def _judge(manifest, target, made, split: tuple, gate) -> tuple[object, dict]:
     """The built candidate's runtime model and its row's statistics against PyTorch on `split` (texts,
-    reference)."""
+    reference), judged against `gate`."""
     model = candidate_model(manifest, target, made.graph, made.backend, {**made.session, **NO_SPINNING})
-    return model, _stats(model, split, target)
+    return model, _stats(model, split, target, gate)
 
 
-def _stats(model, split: tuple, target: Target) -> dict:
+def _stats(model, split: tuple, target: Target, gate) -> dict:
     """Statistics of `model` on `split` (texts, PyTorch's `generation_outputs` for them), as validation measures
-    them, with `finite: False` where any is not finite."""
+    them, with `finite: False` where any is not finite.
+
+    The teacher-forced pass at the target's batch size comes first: where it already misses `gate`, so would the
+    full measurement (which keeps the worse of batch 1 and that batch), and the greedy continuations are not run.
+    Those statistics alone are returned then, with `teacher_only: True`."""
     texts, reference = split
-    stats = measure(model, texts, reference, "generation", target.shapes.batch_size, target.generation.new_tokens)
-    if not all(np.isfinite(v) for k, v in stats.items() if k != NOT_MEASURED and not isinstance(v, bool)):
+    batch = target.shapes.batch_size
+    if reference.get("teacher"):
+        quick = teacher_forced_stats(reference["teacher"], teacher_outputs(model, reference["teacher"], batch))
+        if _finite(quick) and failures(quick, gate):
+            return {**quick, "teacher_only": True}
+    stats = measure(model, texts, reference, "generation", batch, target.generation.new_tokens)
+    if not _finite(stats):
         stats["finite"] = False
     return stats
+
+
+def _finite(stats: dict) -> bool:
+    return all(np.isfinite(v) for k, v in stats.items() if k != NOT_MEASURED and not isinstance(v, bool))
 
 
 def _layers(graph: Path) -> list[list[str]]:
@@ -127,7 +140,7 @@ def _bisect(manifest, target, candidate, direction: str, split: tuple, gate, wor
     def attempt(count: int):
         wide = tuple(name for layer in layers[:count] for name in layer)
         made = recipe.build(config, Job(manifest, target, work / f"wide-{count}", wide=wide))
-        model, stats = _judge(manifest, target, made, split)
+        model, stats = _judge(manifest, target, made, split, gate)
         tries.append({"wide_layers": count, "passed": not failures(stats, gate), **stats})
         return (made, model, stats), tries[-1]["passed"]
 
@@ -168,8 +181,8 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
         recipe = recipe_for(candidate)
         config = recipe.config(candidate, target)
         made = recipe.build(config, Job(manifest, target, work))
-        model, stats = _judge(manifest, target, made, development)
         gate = development_gate(target.with_candidate(candidate.name).accuracy, len(texts["development"]))
+        model, stats = _judge(manifest, target, made, development, gate)
         direction = recipe.bisection(config)
         if direction == "none" or not failures(stats, gate):
             return made, model, stats, gate, {}
@@ -188,7 +201,8 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     attach_timings(rows, timings)
 
     def check(name: str):
-        stats = _stats(built[name][1], held_out, target)
-        return stats, failures(stats, target.with_candidate(name).accuracy)
+        accuracy = target.with_candidate(name).accuracy
+        stats = _stats(built[name][1], held_out, target, accuracy)
+        return stats, failures(stats, accuracy)
 
     return rows, {name: made for name, (made, _) in built.items()}, check
