@@ -45,7 +45,7 @@ from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 11
+VERSION = 12
 SEQUENCE = 128
 
 
