@@ -370,3 +370,14 @@ def drop_initializer(graph, name: str) -> None:
         index = next((i for i, t in enumerate(field) if t.name == name), None)
         if index is not None:
             del field[index]
+
+
+def with_opset(model, domain: str, version: int = 1) -> None:
+    """Make `model` import `domain` at `version` (added, or its version set), e.g. com.microsoft for contrib ops."""
+    from onnx import helper
+
+    found = next((o for o in model.opset_import if o.domain == domain), None)
+    if found is None:
+        model.opset_import.append(helper.make_opsetid(domain, version))
+    else:
+        found.version = version

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.onnx_files import with_opset
+
 # ONNX Runtime's CPU kernel refuses rotary embedding inside GroupQueryAttention over other widths (its cos cache
 # must be a multiple of 8 wide, half the rotated dimensions).
 ROTARY_MULTIPLE = 16
@@ -373,7 +375,6 @@ def gqa_from_decomposed(graph, layout: str, layers: int, heads: int, kv_heads: i
     for offset, node in enumerate(_mask_nodes(helper, numpy_helper)):
         g.node.insert(offset, node)
     _last_real_position(g, helper, numpy_helper)
-    if not any(o.domain == "com.microsoft" for o in graph.opset_import):
-        graph.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with_opset(graph, "com.microsoft")
     _prune(g)
     return {"op": "GroupQueryAttention", "layers": layers, "nodes_before": before, "nodes_after": len(g.node)}

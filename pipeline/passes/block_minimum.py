@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.onnx_files import load_external, load_structure, read_array, save_graph
+from pipeline.onnx_files import load_external, load_structure, read_array, save_graph, with_opset
 
 LEVELS = 15  # 4-bit codes 0..15
 DEFAULT_ZERO_POINT = 8  # MatMulNBits' zero point for 4-bit blocks when none is given
@@ -116,8 +116,7 @@ def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_l
     graph.node.extend(nodes)
     graph.initializer.extend(added)
     del added
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with_opset(model, "com.microsoft")
     load_external(model, source)
     save_graph(model, dest, consume=True)
     return len(replaced)

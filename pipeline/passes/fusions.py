@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pipeline.console import silenced
 from pipeline.errors import ExportError
-from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, load_graph, save_graph
-from pipeline.passes.packing import matmuls_packed
+from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, load_graph, load_structure, save_graph
+from pipeline.passes.packing import matmuls_packed, packable
 
 
 def op_counts(path: Path) -> dict[str, int]:
@@ -59,11 +59,10 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
             )
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         fused, packed = {}, 0
-        if config.packed:
+        if config.packed and packable(load_structure(target_file)):  # loaded whole only where something packs
             model = load_graph(target_file)
             packed = matmuls_packed(model)
-            if packed:
-                save_graph(model, target_file, consume=True)
+            save_graph(model, target_file, consume=True)
             del model
     after = op_counts(target_file)
     if not after:

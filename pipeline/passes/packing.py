@@ -81,13 +81,22 @@ def _pack(graph, nodes: list, name: str) -> None:
         graph.node.insert(at + offset, node)
 
 
+def _packable_groups(model) -> list[list]:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return _groups(model.graph) if opset >= 13 else []  # Split takes its sizes as an input from opset 13
+
+
+def packable(model) -> int:
+    """How many MatMuls `matmuls_packed` would pack away; `model` may be a structure without weight data
+    (pipeline.onnx_files.load_structure), so a graph with nothing to pack is never loaded whole."""
+    return sum(len(nodes) - 1 for nodes in _packable_groups(model))
+
+
 def matmuls_packed(model) -> int:
     """Pack, in `model` (ModelProto, weights loaded) in place, each group of MatMuls that read one input with their
     own constant fp32 weights into one MatMul and a Split whose outputs keep the old names. Returns the number of
     MatMuls packed away."""
-    graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    groups = _groups(graph) if opset >= 13 else []  # Split takes its sizes as an input from opset 13
+    groups = _packable_groups(model)
     for index, nodes in enumerate(groups):
-        _pack(graph, nodes, _packed_name(nodes, index))
+        _pack(model.graph, nodes, _packed_name(nodes, index))
     return sum(len(nodes) - 1 for nodes in groups)

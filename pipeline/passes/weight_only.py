@@ -25,6 +25,7 @@ from pipeline.onnx_files import (
     read_array,
     save_graph,
     tensor_readers,
+    with_opset,
 )
 from pipeline.passes.block_minimum import quantize_with_block_minimum
 
@@ -109,7 +110,7 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
     readers = tensor_readers(graph)
     for name in [t.name for t in graph.initializer if not readers[t.name]]:  # as ORT's clean_initializers
         drop_initializer(graph, name)
-    _set_opset(model, "com.microsoft", 1)
+    with_opset(model, "com.microsoft")
     load_external(model, source)
     save_graph(model, dest, consume=True)
     return rewritten
@@ -156,13 +157,3 @@ def _matmul_nbits(node, weights: list[str], k: int, n: int, blocks: Blocks):
         block_size=blocks.block_size,
         **accuracy,
     )
-
-
-def _set_opset(model, domain: str, version: int) -> None:
-    from onnx import helper
-
-    found = next((o for o in model.opset_import if o.domain == domain), None)
-    if found is None:
-        model.opset_import.append(helper.make_opsetid(domain, version))
-    else:
-        found.version = version

@@ -9,9 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_files
 from pipeline.manifest import Manifest
-from pipeline.onnx_files import graph_files, load_graph, save_graph
+from pipeline.onnx_files import graph_files, load_graph, load_structure, save_graph
 from pipeline.passes.fusions import fused_from_onnx
-from pipeline.passes.packing import matmuls_packed
+from pipeline.passes.packing import matmuls_packed, packable
 from pipeline.stages import checkpoint, export, optimize
 from pipeline.stages.optimize import OptimizeConfig
 from pipeline.targets import load_target
@@ -54,7 +54,9 @@ def _run(model_or_path) -> list:
 def test_sibling_matmuls_become_one_matmul_and_a_split_with_the_same_outputs():
     model = _siblings()
     expected = _run(model)
+    assert packable(model) == 1
     assert matmuls_packed(model) == 1  # a tied weight (w_v) stays where it is: q and k only
+    assert packable(model) == 0
     nodes = {n.name: n for n in model.graph.node}
     packed = nodes["/layers.0/attn/q_proj+k_proj/MatMul"]
     split = nodes["/layers.0/attn/q_proj+k_proj/MatMul/Split"]
@@ -70,7 +72,7 @@ def test_sibling_matmuls_become_one_matmul_and_a_split_with_the_same_outputs():
 def test_a_graph_without_siblings_or_before_opset_13_is_left_as_it_is():
     old = _siblings(opset=12)
     before = old.SerializeToString()
-    assert matmuls_packed(old) == 0 and old.SerializeToString() == before
+    assert packable(old) == 0 and matmuls_packed(old) == 0 and old.SerializeToString() == before
     alone = _siblings()
     kept = [n for n in alone.graph.node if n.name in ("/layers.0/attn/q_proj/MatMul", "/layers.0/other/MatMul")]
     del alone.graph.node[:]
@@ -83,6 +85,7 @@ def test_generic_optimization_packs_a_graph_whose_weights_are_in_a_data_file(tmp
     model = _siblings()
     expected = _run(model)
     save_graph(model, tmp_path / "m.onnx")
+    assert packable(load_structure(tmp_path / "m.onnx")) == 1  # told from the structure, without the weights
     (tmp_path / "out").mkdir()
     config = OptimizeConfig(fusions=False, level=1, model_type="", packed=True)
     metrics = fused_from_onnx(tmp_path / "m.onnx", config, tmp_path / "out")
