@@ -241,7 +241,9 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     graph = load_graph(scratch / "model.onnx")
     sliced = last_token_logits(graph)
     attention = _fused_attention(graph, model, arch, checkpoint.max_length)
-    save_graph(graph, out / "model.onnx")  # over the limit, this moves the weights out of memory too
+    save_graph(graph, out / "model.onnx", consume=True)  # the stage reads the file from here on
+    del graph
+    release_freed()  # the graph's weights, before ONNX Runtime loads them again beside the PyTorch model
     shutil.rmtree(scratch)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
