@@ -304,12 +304,18 @@ def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: i
     return result
 
 
-def measure(model, texts: list[str], reference, metric: str, batch_size: int, new_tokens: int = 0) -> dict:
+def measure(
+    model, texts: list[str], reference, metric: str, batch_size: int, new_tokens: int = 0, batched_teacher=None
+) -> dict:
     """Statistics of the model at batch size 1 and at `batch_size`, the worse of each; for embeddings also how far
-    one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch)."""
+    one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch).
+    `batched_teacher`: the model's `teacher_outputs` at `batch_size`, where the caller has them already."""
     teacher = reference.get("teacher") if metric == "generation" else None
+    known = bool(teacher) and batched_teacher is not None
     single = outputs(model, texts, metric, 1, new_tokens, teacher)
-    batched = outputs(model, texts, metric, batch_size, new_tokens, teacher)
+    batched = outputs(model, texts, metric, batch_size, new_tokens, None if known else teacher)
+    if known:
+        batched["teacher"] = batched_teacher
     stats = worst(compare(metric, reference, single), compare(metric, reference, batched))
     if metric in ("embedding", "classification", "fill-mask"):
         stats["batch_spread_max_abs"] = float(np.abs(np.asarray(single) - np.asarray(batched)).max())

@@ -96,14 +96,17 @@ def _stats(model, split: tuple, target: Target, gate) -> dict:
 
     The teacher-forced pass at the target's batch size comes first: where it already misses `gate`, so would the
     full measurement (which keeps the worse of batch 1 and that batch), and the greedy continuations are not run.
-    Those statistics alone are returned then, with `teacher_only: True`."""
+    Those statistics alone are returned then, with `teacher_only: True`; else the full measurement reuses that
+    pass."""
     texts, reference = split
     batch = target.shapes.batch_size
+    scores = None
     if reference.get("teacher"):
-        quick = teacher_forced_stats(reference["teacher"], teacher_outputs(model, reference["teacher"], batch))
+        scores = teacher_outputs(model, reference["teacher"], batch)
+        quick = teacher_forced_stats(reference["teacher"], scores)
         if _finite(quick) and failures(quick, gate):
             return {**quick, "teacher_only": True}
-    stats = measure(model, texts, reference, "generation", batch, target.generation.new_tokens)
+    stats = measure(model, texts, reference, "generation", batch, target.generation.new_tokens, scores)
     if not _finite(stats):
         stats["finite"] = False
     return stats

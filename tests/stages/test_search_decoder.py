@@ -190,3 +190,16 @@ def test_a_missing_int4_candidate_is_bisected_over_layers_to_the_fewest_kept_at_
     assert all(not t["passed"] for t in tries if t["wide_layers"] < row["wide_layers"])
     [kept] = [t for t in tries if t["wide_layers"] == row["wide_layers"]]
     assert kept["passed"] and kept["teacher_top1_agreement"] == row["teacher_top1_agreement"] >= top1
+
+
+def test_a_measurement_given_the_teacher_pass_at_its_batch_equals_one_that_runs_it(searched):
+    from pipeline.metrics import measure, teacher_outputs
+    from pipeline.reference import generation_reference
+
+    prompts = ["The cat sat on the mat and looked", "Once upon a time there was a small"]
+    reference = generation_reference(searched.checkpoint, prompts, 4)
+    model = load(searched.published["path"])
+    scores = teacher_outputs(model, reference["teacher"], 2)
+    given = measure(model, prompts, reference, "generation", 2, 4, scores)
+    assert given == measure(model, prompts, reference, "generation", 2, 4)
+    assert "teacher_top1_agreement" in given
