@@ -70,9 +70,9 @@ def load_graph(path: Path, load_data: bool = True):
     return model
 
 
-def load_structure(path: Path):
+def load_structure(path: Path, inline_below: int = INLINE_BELOW):
     """The ModelProto of the graph file `path` without the bytes of its large tensors: a data file's tensors stay
-    there (checked), and an inline initializer of INLINE_BELOW bytes or more is pointed at its raw data inside the
+    there (checked), and an inline initializer of `inline_below` bytes or more is pointed at its raw data inside the
     graph file itself, as if that were its data file. `read_array` then reads one weight at a time, and
     `load_external` the rest; `onnx.load` would hold a one-file graph's bytes twice, then its whole proto."""
     from onnx import GraphProto, ModelProto
@@ -86,7 +86,8 @@ def load_structure(path: Path):
                 graph = bytearray()
                 for inner, field_start, tensor, field_end in _fields(file, value, end):
                     if inner == GraphProto.DESCRIPTOR.fields_by_name["initializer"].number and tensor is not None:
-                        graph += _wrapped(GraphProto, "initializer", _pointed(file, tensor, field_end, path))
+                        pointed = _pointed(file, tensor, field_end, path, inline_below)
+                        graph += _wrapped(GraphProto, "initializer", pointed)
                     else:
                         graph += _read(file, field_start, field_end)
                 model += _key(ModelProto, "graph") + _varint(len(graph)) + graph
@@ -140,12 +141,12 @@ def _fields(file, start: int, end: int):
         position = stop
 
 
-def _pointed(file, start: int, end: int, path: Path) -> bytes:
+def _pointed(file, start: int, end: int, path: Path, inline_below: int) -> bytes:
     """The tensor encoded between `start` and `end` of the graph file `path`, its raw data (where it has any) left
     in the file and pointed at there."""
     from onnx import TensorProto
 
-    if end - start < INLINE_BELOW:
+    if end - start < inline_below:
         return _read(file, start, end)
     rest, raw = bytearray(), None
     for number, field_start, value, field_end in _fields(file, start, end):

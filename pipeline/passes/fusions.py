@@ -9,13 +9,38 @@ and, where the config asks (decoders), MatMuls that read one input packed into o
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 from pipeline.console import silenced
 from pipeline.errors import ExportError
-from pipeline.onnx_files import INLINE_BELOW, data_name, graph_files, load_graph, load_structure, save_graph
+from pipeline.onnx_files import (
+    INLINE_BELOW,
+    data_name,
+    graph_files,
+    load_external,
+    load_structure,
+    read_array,
+    save_graph,
+)
 from pipeline.passes.packing import matmuls_packed, packable
+
+# The weights a structure keeps (norms and biases, not matrices): symbolic shape inference reads every constant input
+# of an Add or Mul, though it only uses the small ones.
+STRUCTURE_INLINE_BELOW = 1 << 20
+
+# What ONNX Runtime's optimize_model disables in its session pass: ConstantSharing always, and at levels above 1 the
+# fusions that would hide the patterns its Python fusions look for.
+_SESSION_DISABLED = ["ConstantSharing"]
+_FUSION_BLOCKERS = [
+    "MatMulScaleFusion",
+    "MatMulAddFusion",
+    "MatmulTransposeFusion",
+    "GemmActivationFusion",
+    "BiasSoftmaxFusion",
+]
 
 
 def op_counts(path: Path) -> dict[str, int]:
@@ -25,27 +50,75 @@ def op_counts(path: Path) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node).items()))
 
 
+def _transformer_fused(source: Path, config, target_file: Path) -> tuple[dict, int, bool]:
+    """ONNX Runtime's transformer optimizer (its session's graph optimizations, then its Python fusions) and the
+    packing pass; returns the fused-operator statistics, the MatMuls packed away, and whether the fusions ran on the
+    graph's structure alone: a graph over the single-file limit is (`_structure_fused`), where the fusions allow."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    if len(graph_files(source)) > 1:
+        result = _structure_fused(source, config, target_file)
+        if result is not None:
+            return *result, True
+    with silenced("onnxruntime.transformers"), silenced():
+        optimized = optimize_model(
+            str(source), model_type=config.model_type, num_heads=0, hidden_size=0, opt_level=config.level, use_gpu=False
+        )
+    fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    packed = matmuls_packed(optimized.model) if config.packed else 0
+    save_graph(optimized.model, target_file, consume=True)
+    return fused, packed, False
+
+
+def _structure_fused(source: Path, config, target_file: Path) -> tuple[dict, int] | None:
+    """The transformer optimizer over a graph whose weights stay in a data file until it is written: ONNX Runtime's
+    session writes its optimized graph with a data file, and the Python fusions run on that graph's structure. Over
+    the whole graph they make four copies of it for shape inference, each holding every weight (a 1B-parameter
+    graph's optimize stage peaked at 21 GB). None where a fusion needs a weight's values (BERT's attention joins
+    Q, K and V): the caller then fuses the loaded graph."""
+    from onnx.checker import ValidationError
+    from onnxruntime.transformers.optimizer import optimize_by_onnxruntime, optimize_model
+
+    with tempfile.TemporaryDirectory(dir=target_file.parent) as scratch:
+        level = Path(scratch) / "model.onnx"
+        # A name nothing else has: a fusion that reads a weight without the graph's folder (onnx resolves it from the
+        # working directory) fails to find it, and is retried on the loaded graph, rather than reading another file.
+        data = f"weights-{secrets.token_hex(8)}.data"
+        with silenced("onnxruntime.transformers"), silenced():
+            optimize_by_onnxruntime(
+                str(source),
+                use_gpu=False,
+                optimized_model_path=str(level),
+                opt_level=config.level,
+                disabled_optimizers=_SESSION_DISABLED + (_FUSION_BLOCKERS if config.level > 1 else []),
+                save_as_external_data=True,
+                external_data_filename=data,
+                external_data_file_threshold=STRUCTURE_INLINE_BELOW,
+            )
+            try:
+                structure = load_structure(level, STRUCTURE_INLINE_BELOW)
+                optimized = optimize_model(
+                    structure, model_type=config.model_type, num_heads=0, hidden_size=0, opt_level=0
+                )
+            except (OSError, ValidationError):  # onnx: the data file is "not regular file"
+                return None
+        if not optimized.enable_shape_infer:  # it read a weight left in the data file, and fused less for it
+            return None
+        fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+        packed = matmuls_packed(optimized.model, read=lambda tensor: read_array(tensor, level)) if config.packed else 0
+        load_external(optimized.model, level)
+        save_graph(optimized.model, target_file, consume=True)
+    return fused, packed
+
+
 def fused_from_onnx(source: Path, config, out: Path) -> dict:
     """Write the optimized graph of `source` to `out`/model.onnx; returns node counts before and after."""
     import onnxruntime as ort
-    from onnxruntime.transformers.optimizer import optimize_model
 
     before = op_counts(source)
     target_file = out / "model.onnx"
     if config.fusions and config.model_type:
-        with silenced("onnxruntime.transformers"), silenced():
-            optimized = optimize_model(
-                str(source),
-                model_type=config.model_type,
-                num_heads=0,
-                hidden_size=0,
-                opt_level=config.level,
-                use_gpu=False,
-            )
-        fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
-        optimized.topological_sort()
-        packed = matmuls_packed(optimized.model) if config.packed else 0
-        save_graph(optimized.model, target_file, consume=True)
+        fused, packed, without_weights = _transformer_fused(source, config, target_file)
     else:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -58,12 +131,13 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
                 "session.optimized_model_external_initializers_min_size_in_bytes", str(INLINE_BELOW)
             )
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-        fused, packed = {}, 0
-        if config.packed and packable(load_structure(target_file)):  # loaded whole only where something packs
-            model = load_graph(target_file)
-            packed = matmuls_packed(model)
-            save_graph(model, target_file, consume=True)
-            del model
+        fused, packed, without_weights = {}, 0, False
+        structure = load_structure(target_file) if config.packed else None
+        if structure is not None and packable(structure):  # a weight is read when it is packed, the rest to write
+            packed = matmuls_packed(structure, read=lambda tensor: read_array(tensor, target_file))
+            load_external(structure, target_file)
+            save_graph(structure, target_file, consume=True)
+        del structure
     after = op_counts(target_file)
     if not after:
         raise ExportError(f"optimizing {source} left an empty graph")
@@ -74,5 +148,6 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
         "op_counts_after": after,
         "fused": fused,
         "packed_matmuls": packed,
+        "fused_without_weights": without_weights,
         "passes": f"onnxruntime {config.model_type} fusions" if config.fusions and config.model_type else "generic",
     }

@@ -54,14 +54,14 @@ def _packed_name(nodes: list, index: int) -> str:
     return f"{head}{'+'.join(parts)}{tail}"
 
 
-def _pack(graph, nodes: list, name: str) -> None:
+def _pack(graph, nodes: list, name: str, read) -> None:
     """Replace `nodes` in `graph` by one MatMul `name` and a Split, dropping their weights (read by no other node)
     as soon as they are packed: a graph holds each weight about once."""
     from onnx import helper, numpy_helper
 
     sole = {n.input[1] for n in nodes}
     weights = {i.name: i for i in graph.initializer if i.name in sole}
-    arrays = [numpy_helper.to_array(weights[n.input[1]]) for n in nodes]
+    arrays = [read(weights[n.input[1]]) for n in nodes]
     sizes = np.array([a.shape[1] for a in arrays], np.int64)
     packed = numpy_helper.from_array(np.concatenate(arrays, axis=1), f"{name}.weight")
     del arrays, weights
@@ -92,11 +92,14 @@ def packable(model) -> int:
     return sum(len(nodes) - 1 for nodes in _packable_groups(model))
 
 
-def matmuls_packed(model) -> int:
-    """Pack, in `model` (ModelProto, weights loaded) in place, each group of MatMuls that read one input with their
-    own constant fp32 weights into one MatMul and a Split whose outputs keep the old names. Returns the number of
-    MatMuls packed away."""
+def matmuls_packed(model, read=None) -> int:
+    """Pack, in `model` (ModelProto) in place, each group of MatMuls that read one input with their own constant
+    fp32 weights into one MatMul and a Split whose outputs keep the old names. Returns the number of MatMuls packed
+    away. `read(tensor)` gives a weight's array (default: from the loaded tensor; for a structure whose weights are
+    in a data file, `pipeline.onnx_files.read_array`); the packed weights are held in `model`."""
+    from onnx import numpy_helper
+
     groups = _packable_groups(model)
     for index, nodes in enumerate(groups):
-        _pack(model.graph, nodes, _packed_name(nodes, index))
+        _pack(model.graph, nodes, _packed_name(nodes, index), read or numpy_helper.to_array)
     return sum(len(nodes) - 1 for nodes in groups)

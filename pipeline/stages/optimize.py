@@ -12,7 +12,7 @@ from pipeline.manifest import Manifest
 from pipeline.passes.fusions import fused_from_onnx
 from pipeline.targets import Target
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
