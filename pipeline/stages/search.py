@@ -34,6 +34,7 @@ from pipeline.console import progress
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
 from pipeline.manifest import Manifest, candidate_model, examples
+from pipeline.measured import measured, measurement_key
 from pipeline.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.recipes import Job, build_candidate
 from pipeline.reference import pytorch_outputs
@@ -194,14 +195,16 @@ def _no_winner(manifest: Manifest, target: Target, rows: list[dict]) -> Accuracy
     )
 
 
-def _held_out(manifest: Manifest, target: Target, models: dict, texts: list):
-    """`check(name) -> (stats, missed)`: candidate `name` against PyTorch on the held-out `texts`, at its own
-    thresholds."""
+def _held_out(manifest: Manifest, target: Target, built: dict, texts: list):
+    """`check(name) -> (stats, missed)`: candidate `name` (of `built`: name -> (Built, model)) against PyTorch on
+    the held-out `texts`, at its own thresholds."""
     metric = TASKS[manifest.checkpoint.task].metric
     reference = pytorch_outputs(manifest.checkpoint, texts)
 
     def check(name: str):
-        stats = measure(models[name], texts, reference, metric, target.shapes.batch_size)
+        made, model = built[name]
+        key = measurement_key(manifest, target, made.graph, made.backend, made.session, texts, metric)
+        stats, _ = measured(key, lambda: measure(model, texts, reference, metric, target.shapes.batch_size))
         return stats, failures(stats, target.with_candidate(name).accuracy)
 
     return check
@@ -227,7 +230,7 @@ def _search_encoders(manifest: Manifest, target: Target, texts: dict, flags, out
     models = {name: model for name, (_, model) in built.items() if name in screen.passed}
     timed = _time(models, development + texts["calibration"], target.shapes.batch_size) if models else ({}, {})
     attach_timings(rows, *timed)
-    check = _held_out(manifest, target, models, texts["held_out"])
+    check = _held_out(manifest, target, built, texts["held_out"])
     return rows, {name: made for name, (made, _) in built.items()}, check
 
 

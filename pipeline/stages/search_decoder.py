@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.console import progress
 from pipeline.manifest import Manifest, candidate_model
+from pipeline.measured import measured, measurement_key
 from pipeline.memory import release_freed
 from pipeline.metrics import NOT_MEASURED, development_gate, failures, measure, teacher_forced_stats, teacher_outputs
 from pipeline.recipes import Job, recipe_for
@@ -204,8 +205,9 @@ def search_decoders(manifest: Manifest, target: Target, texts: dict, flags, out:
     attach_timings(rows, timings)
 
     def check(name: str):
-        accuracy = target.with_candidate(name).accuracy
-        stats = _stats(built[name][1], held_out, target, accuracy)
+        (made, model), accuracy = built[name], target.with_candidate(name).accuracy
+        key = measurement_key(manifest, target, made.graph, made.backend, made.session, held_out[0], "generation")
+        stats, _ = measured(key, lambda: _stats(model, held_out, target, accuracy))
         return stats, failures(stats, accuracy)
 
     return rows, {name: made for name, (made, _) in built.items()}, check

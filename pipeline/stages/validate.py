@@ -20,6 +20,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.data import DEFAULT_VALIDATION, read_texts, texts_digest
 from pipeline.errors import AccuracyError, InputError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples, session_of
+from pipeline.measured import measured, measurement_key
 from pipeline.metrics import failures, measure, verdict
 from pipeline.reference import (
     checkpoint_from_source,
@@ -83,7 +84,12 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
         reference, speed = _generation_reference(manifest, target, texts, candidate)
     else:
         reference = pytorch_outputs(checkpoint, texts)
-    stats = measure(candidate, texts, reference, metric, target.shapes.batch_size, new_tokens)
+    chosen = manifest.chosen()
+    graph = manifest.last_model().output(chosen["graph"])
+    key = measurement_key(manifest, target, graph, chosen["backend"], chosen["session"], texts, metric)
+    stats, reused = measured(
+        key, lambda: measure(candidate, texts, reference, metric, target.shapes.batch_size, new_tokens)
+    )
     missed = failures(stats, target.accuracy)
     extra = {}
     graphs = manifest.graphs()
@@ -98,6 +104,8 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
             "Loosen the target's [accuracy] only if that is acceptable, or raise quantize.max_fp32_nodes."
         )
     result = {"examples": len(texts), "batch_sizes": [1, target.shapes.batch_size], **stats, **extra}
+    # The search's held-out check measured this graph on these texts with these settings in this process.
+    result["measured_by"] = "search held-out check" if reused else "validation"
     result["verdict"] = verdict(stats, target.accuracy)
     if speed is not None:
         result.update(new_tokens=new_tokens, speed=speed)

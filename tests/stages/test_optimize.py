@@ -73,30 +73,37 @@ def _graph(path):
     return nodes, {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
 
-@pytest.mark.parametrize(
-    "model_type, inline_below, without_weights", [("llama", None, True), ("llama", 1, False), ("bert", None, False)]
-)
-def test_a_graph_over_the_single_file_limit_is_optimized_as_the_same_graph_under_it(
-    model_type, inline_below, without_weights, tmp_path, monkeypatch
+@pytest.mark.parametrize("over_the_limit", [False, True])
+def test_a_decoders_fusions_on_its_structure_give_the_graph_they_give_on_the_loaded_graph(
+    over_the_limit, tmp_path, monkeypatch
 ):
-    # A decoder's fusions run on the structure alone (its weights stay in the data file). Where they would read a
-    # weight that is not there, the graph is loaded and fused as one under the limit is: BERT's attention fusion
-    # reads Q, K and V; shape inference reads the layer norms' weights where the structure leaves them out.
-    make = make_decoder if model_type == "llama" else make_checkpoint
-    folder = make(tmp_path / model_type, model_type)
-    if inline_below:
-        monkeypatch.setattr(fusions, "STRUCTURE_INLINE_BELOW", inline_below)
-    fits = _optimized(folder, tmp_path / "fits").stage("optimize")
-    monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
-    over = _optimized(folder, tmp_path / "over").stage("optimize")
-    assert len(graph_files(over.output("model.onnx"))) == 2
-    assert not fits.metrics["fused_without_weights"]
-    assert over.metrics["fused_without_weights"] == without_weights
-    assert over.metrics["fused"] == fits.metrics["fused"] and fits.metrics["fused"]
-    assert over.metrics["packed_matmuls"] == fits.metrics["packed_matmuls"] == (LAYERS if model_type == "llama" else 0)
-    nodes, weights = _graph(over.output("model.onnx"))
-    want_nodes, want_weights = _graph(fits.output("model.onnx"))
+    folder = make_decoder(tmp_path / "llama", "llama")
+    if over_the_limit:
+        monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
+    structure = _optimized(folder, tmp_path / "structure").stage("optimize")
+    # Left out of the structure, the norms' weights are read by shape inference: the fusions run on the loaded graph.
+    monkeypatch.setattr(fusions, "STRUCTURE_INLINE_BELOW", 1)
+    loaded = _optimized(folder, tmp_path / "loaded").stage("optimize")
+    assert structure.metrics["fused_without_weights"] and not loaded.metrics["fused_without_weights"]
+    assert len(graph_files(structure.output("model.onnx"))) == (2 if over_the_limit else 1)
+    assert structure.metrics["fused"] == loaded.metrics["fused"] and loaded.metrics["fused"]
+    assert structure.metrics["packed_matmuls"] == loaded.metrics["packed_matmuls"] == LAYERS
+    nodes, weights = _graph(structure.output("model.onnx"))
+    want_nodes, want_weights = _graph(loaded.output("model.onnx"))
     assert nodes == want_nodes
     assert weights.keys() == want_weights.keys()
     for name, array in weights.items():
         np.testing.assert_array_equal(array, want_weights[name], err_msg=name)
+
+
+def test_fusions_that_read_weights_are_not_run_on_a_structure(tmp_path):
+    # BERT's attention fusion joins Q, K and V: on a structure it finds no data, and the caller fuses the loaded graph.
+    manifest = _optimized(make_checkpoint(tmp_path / "bert", "bert"), tmp_path / "cache")
+    assert not manifest.stage("optimize").metrics["fused_without_weights"]
+    config = optimize.OptimizeConfig(fusions=True, level=1, model_type="bert", packed=False)
+    (tmp_path / "out").mkdir()
+    assert (
+        fusions._structure_fused(manifest.stage("export").output("model.onnx"), config, tmp_path / "out" / "m.onnx")
+        is None
+    )
+    assert not any((tmp_path / "out").iterdir())  # its scratch folder went with it
