@@ -36,7 +36,7 @@ from pipeline.stages.checkpoint import checkpoint_digest
 from pipeline.targets import Accuracy, Generation, Target
 from pipeline.tasks import TASKS
 
-VERSION = 4
+VERSION = 5
 
 
 @dataclasses.dataclass(frozen=True)
