@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import time
 import warnings
@@ -186,7 +187,7 @@ def generation_outputs(model, tokenizer, texts: list[str], new_tokens: int, max_
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rows = [tokenizer(text)["input_ids"][-(max_length - new_tokens) :] for text in texts]
     with torch.inference_mode():
-        logits = [model(input_ids=torch.tensor([row])).logits[0, -1].float().numpy() for row in rows]
+        logits = [_forward(model, [row], 1)[0, -1].float().numpy() for row in rows]
         tokens = []
         for start in progress(range(0, len(rows), REFERENCE_BATCH), "PyTorch: generating reference continuations"):
             chunk = slice(start, start + REFERENCE_BATCH)
@@ -249,6 +250,18 @@ def _until_eos(row: list[int], eos) -> tuple[int, ...]:
     return tuple(row[:cut])
 
 
+def _forward(model, rows: list[list[int]], keep: int):
+    """The logits of the last `keep` positions of `rows` (one forward pass): the head over only those positions
+    where the model's forward takes `logits_to_keep` (transformers' CausalLMs do; Gemma 3's 262k-token head over
+    every position of a prompt was 10 s of its build's reference), else sliced from all of them."""
+    import torch
+
+    ids = torch.tensor(rows)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return model(input_ids=ids, logits_to_keep=keep).logits
+    return model(input_ids=ids).logits[:, -keep:]
+
+
 def teacher_forced(model, tokenizer, texts: list[str], max_length: int) -> dict:
     """Each held-out text split in two at its middle token: the first half as a prompt, the second as the
     continuation, with transformers' next-token logits at every continuation position (one forward pass each).
@@ -259,8 +272,8 @@ def teacher_forced(model, tokenizer, texts: list[str], max_length: int) -> dict:
     scores = []
     with torch.inference_mode():
         for prompt, continuation in pairs:
-            out = model(input_ids=torch.tensor([prompt + continuation])).logits[0].float().numpy()
-            scores.append(teacher_scores(out[len(prompt) - 1 : -1], continuation))
+            out = _forward(model, [prompt + continuation], len(continuation) + 1)[0].float().numpy()
+            scores.append(teacher_scores(out[-len(continuation) - 1 : -1], continuation))
     return {"prompts": [p for p, _ in pairs], "continuations": [c for _, c in pairs], "scores": scores}
 
 

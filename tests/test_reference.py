@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint
+from pipeline.metrics import teacher_scores
 from pipeline.reference import (
     _until_eos,
     checkpoint_from_source,
@@ -79,8 +80,15 @@ def test_pytorch_outputs_of_a_decoder_are_next_token_logits_and_greedy_continuat
         assert got["tokens"][i] == _until_eos(new.tolist(), model.generation_config.eos_token_id)
     teacher = got["teacher"]
     assert len(teacher["prompts"]) == len(teacher["continuations"]) == len(teacher["scores"]) == 2
-    for score, continuation in zip(teacher["scores"], teacher["continuations"], strict=True):
+    for score, prompt, continuation in zip(
+        teacher["scores"], teacher["prompts"], teacher["continuations"], strict=True
+    ):
         assert score["top1"].shape == score["nll"].shape == (len(continuation),) and (score["nll"] > 0).all()
+        with torch.inference_mode():  # every position's logits, the continuation's taken from them
+            full = model(input_ids=torch.tensor([prompt + continuation])).logits[0].numpy()
+        want = teacher_scores(full[len(prompt) - 1 : -1], continuation)
+        np.testing.assert_array_equal(score["top1"], want["top1"])
+        np.testing.assert_allclose(score["nll"], want["nll"], rtol=1e-5, atol=1e-6)
 
 
 def test_pooled_module_ignores_padding_in_a_batch(tiny_bert):

@@ -33,7 +33,7 @@ from pipeline.reference import generation_reference, load_torch_model
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.targets import Candidate, Target
-from pipeline.timing import median_range
+from pipeline.timing import median_range, relative_spread
 
 PROMPT = 128
 DECODE_STEPS = 16
@@ -60,17 +60,21 @@ def _once(model, rows: list[list[int]], steps: int) -> tuple[float, float]:
     return first, (time.perf_counter() - started) / max(steps, 1)
 
 
-def _time(models: dict, texts: list[str], reps: int = 5) -> dict:
-    """Each model's ms per shape as [median, p10, p90], alternating models run by run after a warm-up each."""
+def _time(models: dict, texts: list[str], reps: tuple[int, int] = (3, 7), spread: float = 0.10) -> dict:
+    """Each model's ms per shape as [median, p10, p90], alternating models run by run after a warm-up each: at
+    least reps[0] rounds, then until every figure's p10-p90 spread is within `spread` of its median, or reps[1]."""
     long, short = _rows(next(iter(models.values())), texts)
     runs = {name: {"ttft_1x128": [], "decode_1": [], f"decode_{DECODE_BATCH}": []} for name in models}
     for model in models.values():
         _once(model, [long], 2)
-    for _ in progress(range(reps), "search: timing decoders"):
+    for done in progress(range(1, reps[1] + 1), "search: timing decoders"):
         for name, model in models.items():
             runs[name]["ttft_1x128"].append(_once(model, [long], 0)[0] * 1000)
             runs[name]["decode_1"].append(_once(model, [short[0]], DECODE_STEPS)[1] * 1000)
             runs[name][f"decode_{DECODE_BATCH}"].append(_once(model, short, DECODE_STEPS)[1] * 1000)
+        figures = [values for times in runs.values() for values in times.values()]
+        if done >= reps[0] and all(relative_spread(values) <= spread for values in figures):
+            break
     return {name: {k: [round(v, 3) for v in median_range(t)] for k, t in times.items()} for name, times in runs.items()}
 
 
