@@ -60,7 +60,7 @@ def _once(model, rows: list[list[int]], steps: int) -> tuple[float, float]:
     return first, (time.perf_counter() - started) / max(steps, 1)
 
 
-def _time(models: dict, texts: list[str], reps: tuple[int, int] = (3, 7), spread: float = 0.10) -> dict:
+def _time(models: dict, texts: list[str], reps: tuple[int, int] = (3, 5), spread: float = 0.10) -> dict:
     """Each model's ms per shape as [median, p10, p90], alternating models run by run after a warm-up each: at
     least reps[0] rounds, then until every figure's p10-p90 spread is within `spread` of its median, or reps[1]."""
     long, short = _rows(next(iter(models.values())), texts)
