@@ -110,10 +110,17 @@ def _structure_fused(source: Path, config, target_file: Path) -> tuple[dict, int
         if not optimized.enable_shape_infer:  # it read a weight left in the data file, and fused less for it
             return None
         fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
-        packed = matmuls_packed(optimized.model, read=lambda tensor: read_array(tensor, level)) if config.packed else 0
-        load_external(optimized.model, level)
-        save_graph(optimized.model, target_file, consume=True)
+        packed = _packed_and_written(optimized.model, level, target_file, config.packed)
     return fused, packed
+
+
+def _packed_and_written(structure, graph: Path, target_file: Path, pack: bool) -> int:
+    """Pack the MatMuls of `structure` (where `pack`), reading each weight it packs from the graph file `graph` or
+    its data file, then read the rest in and write the graph to `target_file`; returns the MatMuls packed away."""
+    packed = matmuls_packed(structure, read=lambda tensor: read_array(tensor, graph)) if pack else 0
+    load_external(structure, graph)
+    save_graph(structure, target_file, consume=True)
+    return packed
 
 
 def fused_from_onnx(source: Path, config, out: Path) -> dict:
@@ -138,10 +145,8 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
         ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
         fused, packed, without_weights = {}, 0, False
         structure = load_structure(target_file) if config.packed else None
-        if structure is not None and packable(structure):  # a weight is read when it is packed, the rest to write
-            packed = matmuls_packed(structure, read=lambda tensor: read_array(tensor, target_file))
-            load_external(structure, target_file)
-            save_graph(structure, target_file, consume=True)
+        if structure is not None and packable(structure):  # written again only where something packs
+            packed = _packed_and_written(structure, target_file, target_file, pack=True)
         del structure
     after = op_counts(target_file)
     if not after:
