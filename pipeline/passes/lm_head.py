@@ -29,8 +29,8 @@ def last_token_logits(graph) -> bool:
     Generation needs only the next token's logits; on a prompt the head's work and the logits it returns then
     shrink by the prompt's length. Position-wise ops after the head (Granite's logits scaling, Gemma 2's final
     softcapping) are passed through. Returns False, changing nothing, where `logits` is not made by a MatMul
-    with a constant weight: an initializer, or the Transpose of one, which optimum makes of a head tied to the
-    embedding when accelerate is installed (the runtime reads the last position either way).
+    with a constant weight: an initializer, or the Transpose of one, which optimum's post-processing makes of a
+    head tied to the embedding (the runtime reads the last position either way).
     """
     import onnx
 
