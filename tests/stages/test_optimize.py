@@ -107,3 +107,27 @@ def test_fusions_that_read_weights_are_not_run_on_a_structure(tmp_path):
         is None
     )
     assert not any((tmp_path / "out").iterdir())  # its scratch folder went with it
+
+
+def _prompt_logits(path, length=7):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {
+        "input_ids": np.arange(3, 3 + length, dtype=np.int64)[None],
+        "attention_mask": np.ones((1, length), np.int64),
+    }
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    return session.run(["logits"], feeds)[0]
+
+
+@pytest.mark.parametrize("passes", [1, fusions.MAX_SESSION_PASSES])
+def test_reshape_shapes_of_every_layer_become_constants_past_ten_layers(passes, tmp_path, monkeypatch):
+    # ONNX Runtime fuses one layer's Reshape shapes a transformer step, and stops after 10 steps: the stage runs its
+    # session pass again while that leaves fewer (Qwen3's per-head q/k norms reshape by shapes built at run time).
+    monkeypatch.setattr(fusions, "MAX_SESSION_PASSES", passes)
+    manifest = _optimized(make_decoder(tmp_path / "qwen3", "qwen3", num_hidden_layers=12), tmp_path / "cache")
+    exported, optimized = (manifest.stage(s).output("model.onnx") for s in ("export", "optimize"))
+    assert fusions._built_reshapes(exported) >= 2 * 12
+    assert (fusions._built_reshapes(optimized) == 0) == (passes > 1)
+    np.testing.assert_allclose(_prompt_logits(optimized), _prompt_logits(exported), atol=1e-4)
