@@ -10,7 +10,7 @@ from pipeline.recipes.base import Built, Job, Recipe, optimized_graph
 from pipeline.targets import Quantize
 
 # What the row's `fallback` shows of the quantize stage's metrics.
-FALLBACK_KEYS = ("quantized_nodes", "fp32_nodes", "smoothed_nodes", "met_headroom")
+FALLBACK_KEYS = ("quantized_nodes", "fp32_nodes", "smoothed_nodes", "smooth_alpha", "smooth_alpha_scan", "met_headroom")
 
 
 @dataclasses.dataclass(frozen=True)

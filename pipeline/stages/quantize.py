@@ -14,6 +14,7 @@ Every candidate tried is recorded in the stage's metrics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -23,7 +24,15 @@ from pipeline.console import note, progress
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
-from pipeline.metrics import compare, development_gate, failures, measure, outputs, teacher_reference
+from pipeline.metrics import (
+    closeness,
+    compare,
+    development_gate,
+    failures,
+    measure,
+    outputs,
+    teacher_reference,
+)
 from pipeline.onnx_files import graph_files, move_graph
 from pipeline.passes.int8 import (
     calibration_reader,
@@ -170,14 +179,27 @@ def development_split(texts: list) -> tuple[list, list]:
     return [t for i, t in enumerate(texts) if i % 4 != 3], [t for i, t in enumerate(texts) if i % 4 == 3]
 
 
-def _smoothed(fp32_path: Path, fp32, nodes: list, settings, calibration: list, batch: int, work: Path):
+def _smoothed(fp32_path: Path, settings, ranges, work: Path):
     """(the graph to quantize, the names of the nodes smoothed): `fp32_path` with activation outliers moved into
-    the weights (SmoothQuant, `settings.smooth_alpha`; ranges from `calibration`), or itself at alpha 0."""
+    the weights (SmoothQuant, `settings.smooth_alpha`; `ranges()` the activation ranges of the calibration text),
+    or itself at alpha 0."""
     if settings.smooth_alpha <= 0:
         return fp32_path, []
-    ranges = activation_absmax(fp32_path, nodes, fp32, calibration, batch)
     source = work / "smoothed.onnx"
-    return source, smooth(fp32_path, source, ranges, settings.op_types, settings.smooth_alpha)
+    return source, smooth(fp32_path, source, ranges(), settings.op_types, settings.smooth_alpha)
+
+
+def _alpha_scan(settings, judged) -> tuple[object, list[dict]]:
+    """(`settings` with the alpha of `settings.smooth_alphas` whose int8 graph comes nearest its development gate,
+    one row per alpha tried); `judged(alpha)` is that row, with its `closeness` (>= 0 passes). Settings without
+    alphas to try come back as they are."""
+    if not settings.smooth_alphas:
+        return settings, []
+    rows = [judged(alpha) for alpha in settings.smooth_alphas]
+    best = max(rows, key=lambda row: row["closeness"])
+    for row in rows:
+        row["chosen"] = row is best
+    return dataclasses.replace(settings, smooth_alpha=best["alpha"]), rows
 
 
 def int8_with_fallback(
@@ -214,11 +236,24 @@ def int8_with_fallback(
     work = out / "work"
     work.mkdir()
     nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)
-    source, smoothed = _smoothed(fp32_path, fp32, nodes, settings, calibration, batch, work)
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
     candidates, sensitivity, method = [], None, None
     gate = development_gate(target.accuracy, len(texts), settings.fallback_headroom)
     started = time.perf_counter()
+    ranges = functools.cache(lambda: activation_absmax(fp32_path, nodes, fp32, calibration, batch))
+
+    def judged(alpha: float) -> dict:
+        tried, folder = dataclasses.replace(settings, smooth_alpha=alpha), work / f"alpha-{alpha}"
+        folder.mkdir()
+        source, _ = _smoothed(fp32_path, tried, ranges, folder)
+        _quantizer(tried, source, fp32, calibration, folder)(folder / "int8.onnx", exclude=excluded)
+        stats = measure(open_graph(folder / "int8.onnx"), texts, reference, metric, batch, new_tokens)
+        shutil.rmtree(folder)
+        note(f"  smoothing alpha {alpha}: closeness to the development gate {closeness(stats, gate):+.4f}")
+        return {"alpha": alpha, "closeness": closeness(stats, gate), **stats}
+
+    settings, alphas = _alpha_scan(settings, judged)
+    source, smoothed = _smoothed(fp32_path, settings, ranges, work)
     quantize_one = _quantizer(settings, source, fp32, calibration, work)
 
     def attempt(exclude: list[str]) -> tuple[Path, list[str]]:
@@ -272,6 +307,8 @@ def int8_with_fallback(
         "quantized_nodes": len(nodes) - len(excluded),
         "fp32_nodes": excluded,
         "smoothed_nodes": len(smoothed),
+        "smooth_alpha": settings.smooth_alpha,
+        "smooth_alpha_scan": alphas,
         "met_headroom": not missed,
         "candidates": candidates,
         "sensitivity": sensitivity,

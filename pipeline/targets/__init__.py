@@ -57,6 +57,9 @@ class Quantize:
     op_types: tuple[str, ...] = ("MatMul", "Attention")
     # SmoothQuant-style migration of activation outliers into the weights; 0 turns it off.
     smooth_alpha: float = 0.0
+    # Alphas to try instead, each smoothed, quantized and judged on the development split; the one nearest its
+    # gate is kept (the quantize stage's metrics have a row for each).
+    smooth_alphas: tuple[float, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     exclude_op_types: tuple[str, ...] = ()
     # Accuracy-aware fallback: at most this many quantizable nodes may be kept in fp32 to meet the thresholds.
@@ -302,6 +305,7 @@ _CHOICES = {
 _RANGES = {
     ("optimize", "level"): (0, 99),
     ("quantize", "smooth_alpha"): (0.0, 1.0),
+    ("quantize", "smooth_alphas"): (0.0, 1.0),
     ("quantize", "percentile"): (50.0, 100.0),
     ("quantize", "range_margin"): (1.0, 4.0),
     ("quantize", "calibration_batch_size"): (1, None),

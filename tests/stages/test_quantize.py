@@ -92,6 +92,24 @@ def test_quantize_falls_back_to_mixed_precision_when_int8_misses(
     assert chosen["max_abs_diff"] <= plain_diff * 0.7 < tried[0]["max_abs_diff"]
 
 
+def test_quantize_keeps_the_smoothing_alpha_nearest_its_gate(tiny_bert, texts_file, calibration_file, tmp_path):
+    target = write_target(tmp_path, "alphas", quantize__smooth_alphas=[0.2, 0.9])
+    manifest = Manifest(
+        "tiny-bert", str(tiny_bert), str(tmp_path / "cache"), "", str(texts_file), str(calibration_file)
+    )
+    for stage in (checkpoint.run, export.run, optimize.run, quantize.run):
+        manifest = stage(manifest, load_target(str(target)))
+    metrics = manifest.stage("quantize").metrics
+    scan = metrics["smooth_alpha_scan"]
+    assert [row["alpha"] for row in scan] == [0.2, 0.9] and scan[0]["cosine_min"] != scan[1]["cosine_min"]
+    best = max(scan, key=lambda row: row["closeness"])
+    assert [row["chosen"] for row in scan] == [row is best for row in scan]
+    assert metrics["smooth_alpha"] == best["alpha"] and metrics["smoothed_nodes"] == 8
+    # The graph the stage goes on with (no node in fp32) is the chosen alpha's, measured again.
+    assert metrics["candidates"][0]["fp32_nodes"] == 0
+    assert metrics["candidates"][0]["cosine_min"] == pytest.approx(best["cosine_min"], abs=1e-6)
+
+
 def test_quantize_raises_when_fallback_budget_is_spent(tiny_bert, texts_file, calibration_file, build_dirs, tmp_path):
     strict = write_target(tmp_path, "strict", accuracy__max_abs_diff=1e-9, quantize__max_fp32_nodes=2)
     with pytest.raises(AccuracyError, match="even with 2 of 8 quantizable nodes kept in fp32"):
