@@ -12,7 +12,7 @@ from pipeline.manifest import Manifest
 from pipeline.passes.fusions import fused_from_onnx
 from pipeline.targets import Target
 
-VERSION = 2
+VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
