@@ -242,19 +242,28 @@ def int8_with_fallback(
     started = time.perf_counter()
     ranges = functools.cache(lambda: activation_absmax(fp32_path, nodes, fp32, calibration, batch))
 
+    made = {}  # alpha -> (its smoothed graph, the nodes smoothed, its quantizer, with its calibrated ranges)
+
     def judged(alpha: float) -> dict:
         tried, folder = dataclasses.replace(settings, smooth_alpha=alpha), work / f"alpha-{alpha}"
         folder.mkdir()
-        source, _ = _smoothed(fp32_path, tried, ranges, folder)
-        _quantizer(tried, source, fp32, calibration, folder)(folder / "int8.onnx", exclude=excluded)
+        source, smoothed = _smoothed(fp32_path, tried, ranges, folder)
+        made[alpha] = (source, smoothed, _quantizer(tried, source, fp32, calibration, folder))
+        made[alpha][2](folder / "int8.onnx", exclude=excluded)
         stats = measure(open_graph(folder / "int8.onnx"), texts, reference, metric, batch, new_tokens)
-        shutil.rmtree(folder)
+        for file in graph_files(folder / "int8.onnx"):
+            file.unlink()
         note(f"  smoothing alpha {alpha}: closeness to the development gate {closeness(stats, gate):+.4f}")
         return {"alpha": alpha, "closeness": closeness(stats, gate), **stats}
 
     settings, alphas = _alpha_scan(settings, judged)
-    source, smoothed = _smoothed(fp32_path, settings, ranges, work)
-    quantize_one = _quantizer(settings, source, fp32, calibration, work)
+    if alphas:  # the kept alpha's smoothing and calibration go on; the others' folders go
+        source, smoothed, quantize_one = made[settings.smooth_alpha]
+        for alpha in made.keys() - {settings.smooth_alpha}:
+            shutil.rmtree(work / f"alpha-{alpha}")
+    else:
+        source, smoothed = _smoothed(fp32_path, settings, ranges, work)
+        quantize_one = _quantizer(settings, source, fp32, calibration, work)
 
     def attempt(exclude: list[str]) -> tuple[Path, list[str]]:
         path = work / f"int8-{len(exclude)}.onnx"
