@@ -11,6 +11,7 @@ goes through this module, so the stages, the cache and the artifact see the same
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections import Counter
@@ -288,9 +289,25 @@ def _wrappers(size: int) -> bytes:
     return _key(ModelProto, "graph") + _varint(len(initializer) + size) + initializer
 
 
+# Bytes an element of each TensorProto data type of whole bytes (FLOAT=1 ... BFLOAT16=16, STRING=8 left out).
+_WIDTHS = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
+
+
 def _field_size(tensor) -> int:
-    head, raw = _tensor_parts(tensor)
-    return len(_wrappers(len(head) + len(raw))) + len(head) + len(raw)
+    """The wire bytes of `tensor` as an initializer field of its own. A plain tensor's raw data is sized from its
+    dims and type: reading `raw_data` copies it (0.4 s for a 671 MB weight, 24 s of a Gemma 3 build)."""
+    from onnx import TensorProto
+
+    fields = {f.name for f, _ in tensor.ListFields()}
+    plain = fields <= {"name", "dims", "data_type", "raw_data", "data_location"} and "raw_data" in fields
+    if plain and tensor.data_location == TensorProto.DEFAULT and tensor.data_type in _WIDTHS:
+        raw = math.prod(tensor.dims) * _WIDTHS[tensor.data_type]
+        head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()
+        head += _key(TensorProto, "raw_data") + _varint(raw)
+    else:
+        head, data = _tensor_parts(tensor)
+        raw = len(data)
+    return len(_wrappers(len(head) + raw)) + len(head) + raw
 
 
 def _write_streamed(model, initializers: list, path: Path) -> None:
