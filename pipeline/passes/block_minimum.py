@@ -61,21 +61,32 @@ def _weight(node, initializers: dict, excluded: set, source: Path):
     return read_array(tensor, source)
 
 
-def quantize_with_block_minimum(source: Path, dest: Path, block: int, accuracy_level: int, exclude=(), only=None):
+def quantize_with_block_minimum(
+    source: Path, dest: Path, block: int, accuracy_level: int, exclude=(), only=None, others=None
+) -> int:
     """Rewrite every constant-weight MatMul of `source` (bar those in `exclude`, or, given `only`, all others) into
-    4-bit blocks with a float minimum, written to `dest`. Returns the number of MatMuls rewritten."""
+    4-bit blocks with a float minimum, written to `dest`. `others` maps node names to a rewrite of their own,
+    `rewrite(node, weight) -> (nodes, initializers)`, done in the same pass (a wider head's symmetric blocks).
+    Returns the number of MatMuls rewritten."""
     from onnx import helper, numpy_helper
 
     model = load_structure(source)  # each weight is read alone, then only the kept ones
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     names = {n.name for n in graph.node if n.op_type == "MatMul"}
-    excluded = set(exclude) | (names - set(only) if only is not None else set())
+    others = others or {}
+    excluded = (set(exclude) | (names - set(only) if only is not None else set())) - set(others)
     nodes, added, sums_of, replaced, shared = [], [], {}, set(), set()
     for node in graph.node:
         weight = _weight(node, initializers, excluded, source)
         if weight is None:
             nodes.append(node)
+            continue
+        if node.name in others:
+            rewritten, tensors = others[node.name](node, weight)
+            nodes += rewritten
+            added += tensors
+            replaced.add(node.input[1])
             continue
         (k, n), x, name = weight.shape, node.input[0], node.name or node.output[0]
         packed, scale, offsets = blocks_with_minimum(weight, block)

@@ -19,7 +19,6 @@ from pathlib import Path
 from pipeline.errors import QuantizationError
 from pipeline.onnx_files import (
     drop_initializer,
-    graph_files,
     load_external,
     load_structure,
     read_array,
@@ -64,13 +63,24 @@ def quantize_weight_only(source: Path, dest: Path, settings, exclude=(), only=No
     if not wider:
         quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, sorted(fp32))
         return
-    # Minimum blocks are 4-bit only: the wide nodes get symmetric blocks at the head's bits, in a second pass.
-    first = dest.with_name(f"{dest.stem}.body.onnx")
-    quantize_with_block_minimum(source, first, settings.block_size, settings.accuracy_level, sorted(fp32 | wider))
-    wide_blocks = dataclasses.replace(wide_blocks, symmetric=True)
-    blocks_from_fp32(load_structure(first), first, dest, dict.fromkeys(wider, wide_blocks))
-    for file in graph_files(first):
-        file.unlink()
+    # Minimum blocks are 4-bit only: the wide nodes get symmetric blocks at the head's bits, in the same pass.
+    rewrite = _rewrite_in(dataclasses.replace(wide_blocks, symmetric=True))
+    others = dict.fromkeys(wider, rewrite)
+    quantize_with_block_minimum(source, dest, settings.block_size, settings.accuracy_level, sorted(fp32), others=others)
+
+
+def _rewrite_in(blocks: Blocks):
+    """`rewrite(node, weight) -> ([MatMulNBits], its new initializers)` of a MatMul and its [K, N] weight in
+    `blocks`; MatMuls sharing a weight share its blocks."""
+    done: dict[str, list[str]] = {}
+
+    def rewrite(node, weight):
+        tensors = [] if node.input[1] in done else _blocks_of(weight, node.input[1], blocks)
+        names = done.setdefault(node.input[1], [t.name for t in tensors])
+        k, n = weight.shape
+        return [_matmul_nbits(node, names, k, n, blocks)], tensors
+
+    return rewrite
 
 
 def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -> int:
@@ -93,7 +103,9 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
             continue
         weight = tensor.name
         if weight not in done:
-            done[weight] = (blocks, _add_blocks(graph, read_array(tensor, source), weight, blocks), node.name)
+            tensors = _blocks_of(read_array(tensor, source), weight, blocks)
+            graph.initializer.extend(tensors)
+            done[weight] = (blocks, [t.name for t in tensors], node.name)
         elif done[weight][0] != blocks:
             raise QuantizationError(
                 f"MatMuls {done[weight][2]!r} and {node.name!r} share the weight {weight!r} but are planned at "
@@ -116,9 +128,9 @@ def blocks_from_fp32(model, source: Path, dest: Path, plan: dict[str, Blocks]) -
     return rewritten
 
 
-def _add_blocks(graph, weight, name: str, blocks: Blocks) -> list[str]:
-    """Quantize `weight` [K, N] with ONNX Runtime's kernel and add its codes, scales and (with zero points) zero
-    points as initializers named as ONNX Runtime names them; their names, in MatMulNBits' input order."""
+def _blocks_of(weight, name: str, blocks: Blocks) -> list:
+    """Quantize `weight` [K, N] with ONNX Runtime's kernel: its codes, scales and (with zero points) zero points
+    as initializers named as ONNX Runtime names them, in MatMulNBits' input order."""
     from onnx import numpy_helper
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
@@ -136,8 +148,7 @@ def _add_blocks(graph, weight, name: str, blocks: Blocks) -> list[str]:
     tensors = [(packed, f"{name}_Q{blocks.bits}"), (scales, f"{name}_scales")]
     if not blocks.symmetric:
         tensors.append((zero_points, f"{name}_zero_points"))
-    graph.initializer.extend(numpy_helper.from_array(array, array_name) for array, array_name in tensors)
-    return [array_name for _, array_name in tensors]
+    return [numpy_helper.from_array(array, array_name) for array, array_name in tensors]
 
 
 def _matmul_nbits(node, weights: list[str], k: int, n: int, blocks: Blocks):

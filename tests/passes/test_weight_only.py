@@ -236,3 +236,19 @@ def test_quantize_weight_only_refuses_a_shared_weight_planned_at_two_bits(tmp_pa
     quantize_weight_only(tmp_path / "shared.onnx", tmp_path / "q.onnx", _settings(8, "symmetric", 32))
     nodes = onnx.load(str(tmp_path / "q.onnx")).graph.node
     assert [n.input[1:] for n in nodes] == [["w_Q8", "w_scales"]] * 2  # one set of blocks, read by both
+
+
+def test_minimum_blocks_and_a_wider_head_are_written_in_one_pass_as_two_passes_wrote_them(decoder, tmp_path):
+    from pipeline.onnx_files import load_structure
+    from pipeline.passes.block_minimum import quantize_with_block_minimum
+    from pipeline.passes.weight_only import Blocks, blocks_from_fp32
+
+    quantize_weight_only(decoder, tmp_path / "q.onnx", _settings(4, "minimum", 32), exclude=(UP,), wide=(DOWN,))
+    body = tmp_path / "body.onnx"  # the body in minimum blocks, then the head and DOWN in symmetric 8-bit blocks
+    quantize_with_block_minimum(decoder, body, 32, 4, exclude=[UP, HEAD, DOWN])
+    blocks_from_fp32(
+        load_structure(body), body, tmp_path / "two.onnx", dict.fromkeys([HEAD, DOWN], Blocks(8, True, 32, 4))
+    )
+    _assert_same(tmp_path / "q.onnx", tmp_path / "two.onnx")
+    nodes = {n.name: n for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
+    assert nodes[f"{HEAD}_Q8"].op_type == nodes[f"{DOWN}_Q8"].op_type == "MatMulNBits" and nodes[UP].op_type == "MatMul"
