@@ -11,13 +11,13 @@ goes through this module, so the stages, the cache and the artifact see the same
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import ExportError
+from pipeline.onnx_wire import field_key, serialized_size, varint, wrapped, write_streamed
 
 # Bytes of serialized graph past which the weights go to a data file; under protobuf's 2 GB with room for the
 # graph's own growth. Tests lower it to force a tiny model into a data file.
@@ -88,10 +88,10 @@ def load_structure(path: Path, inline_below: int = INLINE_BELOW):
                 for inner, field_start, tensor, field_end in _fields(file, value, end):
                     if inner == GraphProto.DESCRIPTOR.fields_by_name["initializer"].number and tensor is not None:
                         pointed = _pointed(file, tensor, field_end, path, inline_below)
-                        graph += _wrapped(GraphProto, "initializer", pointed)
+                        graph += wrapped(GraphProto, "initializer", pointed)
                     else:
                         graph += _read(file, field_start, field_end)
-                model += _key(ModelProto, "graph") + _varint(len(graph)) + graph
+                model += field_key(ModelProto, "graph") + varint(len(graph)) + graph
             else:
                 model += _read(file, start, end)
     loaded = ModelProto.FromString(bytes(model))
@@ -105,7 +105,7 @@ def _read(file, start: int, end: int) -> bytes:
     return file.read(end - start)
 
 
-def _read_varint(file) -> int:
+def _readvarint(file) -> int:
     value, shift = 0, 0
     while True:
         byte = file.read(1)
@@ -123,13 +123,13 @@ def _fields(file, start: int, end: int):
     position = start
     while position < end:
         file.seek(position)
-        key = _read_varint(file)
+        key = _readvarint(file)
         wire = key & 7
         if wire == 0:
-            _read_varint(file)
+            _readvarint(file)
             value, stop = None, file.tell()
         elif wire == 2:
-            length = _read_varint(file)
+            length = _readvarint(file)
             value = file.tell()
             stop = value + length
         elif wire in (1, 5):
@@ -218,7 +218,7 @@ def save_graph(model, path: Path, consume: bool = False) -> list[Path]:
     if fits and consume:
         initializers = list(model.graph.initializer)
         del model.graph.initializer[:]  # the list keeps each tensor
-        _write_streamed(model, initializers, path)
+        write_streamed(model, initializers, path)
         return [path]
     if fits:
         onnx.save_model(model, str(path))
@@ -235,91 +235,6 @@ def save_graph(model, path: Path, consume: bool = False) -> list[Path]:
         convert_attribute=False,
     )
     return [path, data]
-
-
-def serialized_size(model) -> int:
-    """At least the bytes `model` serializes to (a few bytes a tensor over), counted one part at a time. protobuf's
-    own ByteSize encodes the whole message to count it: a second copy of every weight and more while its buffer
-    grows (a 1B-parameter graph's 3.9 GB of weights took the export stage from 9.5 to 19.3 GB)."""
-    graph = model.graph
-    parts = [*graph.node, *graph.input, *graph.output, *graph.value_info, *graph.sparse_initializer]
-    parts += [*graph.quantization_annotation, *model.opset_import, *model.functions, *model.metadata_props]
-    # Each part's key and length prefix: at most 1 + 10 bytes; the graph's and model's scalar fields: under 64 KB.
-    return sum(p.ByteSize() + 11 for p in parts) + sum(_field_size(t) for t in graph.initializer) + 65536
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _key(message, field: str) -> bytes:
-    """The wire key of the length-delimited field `field` of the protobuf message type `message`."""
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
-
-
-def _wrapped(message, field: str, value: bytes) -> bytes:
-    return _key(message, field) + _varint(len(value)) + value
-
-
-def _tensor_parts(tensor) -> tuple[bytes, bytes]:
-    """A tensor's wire bytes as (head, raw data): a plain tensor (name, dims, type, raw data) is encoded around its
-    raw data, which is then copied once, and never into a growing encode buffer."""
-    from onnx import TensorProto
-
-    fields = {f.name for f, _ in tensor.ListFields()}  # data_location is set (to DEFAULT) once data is loaded
-    plain = fields <= {"name", "dims", "data_type", "raw_data", "data_location"} and "raw_data" in fields
-    if not plain or tensor.data_location != TensorProto.DEFAULT:
-        return tensor.SerializeToString(), b""
-    raw = tensor.raw_data
-    head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()
-    return head + _key(TensorProto, "raw_data") + _varint(len(raw)), raw
-
-
-def _wrappers(size: int) -> bytes:
-    """The keys and lengths that put a tensor of `size` wire bytes in a graph field of its own, as an initializer
-    (protobuf merges the repeated occurrences of a message field into one graph)."""
-    from onnx import GraphProto, ModelProto
-
-    initializer = _key(GraphProto, "initializer") + _varint(size)
-    return _key(ModelProto, "graph") + _varint(len(initializer) + size) + initializer
-
-
-# Bytes an element of each TensorProto data type of whole bytes (FLOAT=1 ... BFLOAT16=16, STRING=8 left out).
-_WIDTHS = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8, 15: 16, 16: 2}
-
-
-def _field_size(tensor) -> int:
-    """The wire bytes of `tensor` as an initializer field of its own. A plain tensor's raw data is sized from its
-    dims and type: reading `raw_data` copies it (0.4 s for a 671 MB weight, 24 s of a Gemma 3 build)."""
-    from onnx import TensorProto
-
-    fields = {f.name for f, _ in tensor.ListFields()}
-    plain = fields <= {"name", "dims", "data_type", "raw_data", "data_location"} and "raw_data" in fields
-    if plain and tensor.data_location == TensorProto.DEFAULT and tensor.data_type in _WIDTHS:
-        raw = math.prod(tensor.dims) * _WIDTHS[tensor.data_type]
-        head = TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type).SerializeToString()
-        head += _key(TensorProto, "raw_data") + _varint(raw)
-    else:
-        head, data = _tensor_parts(tensor)
-        raw = len(data)
-    return len(_wrappers(len(head) + raw)) + len(head) + raw
-
-
-def _write_streamed(model, initializers: list, path: Path) -> None:
-    """Write `model` (its initializers taken out) and then each of `initializers`, in order, in its own graph field;
-    each tensor leaves the list once written."""
-    initializers.reverse()
-    with open(path, "wb") as file:
-        file.write(model.SerializeToString())
-        while initializers:
-            head, raw = _tensor_parts(initializers.pop())
-            file.write(_wrappers(len(head) + len(raw)) + head)
-            file.write(raw)
 
 
 def _place(source: Path, dest: Path, move: bool) -> list[Path]:
