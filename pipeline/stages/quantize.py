@@ -6,7 +6,8 @@ calibrated on text), with two guards on accuracy (the graph passes are in pipeli
    graph, each quantizable node's sensitivity is measured (the error it adds when it alone is quantized, by
    quantizing that node alone and running the development split; for dynamic int8 of an encoder too large for
    that, simulated from one fp32 pass, pipeline.passes.int8_error) and the most sensitive are kept in fp32: the
-   widest budget first, then a bisection for the fewest that pass, up to `max_fp32_nodes`.
+   widest budget first, then a bisection for the fewest that pass, up to `max_fp32_nodes`
+   (pipeline/stages/fallback.py).
 
 Every candidate tried is recorded in the stage's metrics.
 """
@@ -20,20 +21,18 @@ import time
 from pathlib import Path
 
 from pipeline.cache import StageSpec, run_cached
-from pipeline.console import note, progress
+from pipeline.console import note
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
 from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
 from pipeline.metrics import (
     closeness,
-    compare,
     development_gate,
     failures,
-    measure,
     outputs,
     teacher_reference,
 )
-from pipeline.onnx_files import graph_files, move_graph
+from pipeline.onnx_files import move_graph
 from pipeline.passes.int8 import (
     calibration_reader,
     quantizable_nodes,
@@ -42,22 +41,14 @@ from pipeline.passes.int8 import (
     widen_ranges,
     with_shapes,
 )
-from pipeline.passes.int8_error import dynamic_int8_errors
 from pipeline.passes.smoothing import activation_absmax, smooth
 from pipeline.passes.weight_only import quantize_weight_only
-from pipeline.runtime.host import cpu_flags
+from pipeline.stages.fallback import Judge, fewest_passing, sensitivity_ranked
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
 from pipeline.timing import NO_SPINNING, latency
 
 VERSION = 6
-FALLBACK_STEPS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-# Examples the simulated sensitivity of dynamic int8 runs on (one fp32 pass each).
-SIMULATED_EXAMPLES = 16
-# Measuring each node's effect on the output (one quantization of the whole graph and one development pass a node)
-# ranks better than the local simulation (docs/targets.md), so it is used while quantizable nodes x graph bytes
-# stay within this (MiniLM: 24 x 90 MB); beyond, a 110M-parameter encoder's 72 nodes would take minutes.
-MEASURED_SENSITIVITY_BYTES = 4_000_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +66,6 @@ _PACKAGES = ("onnxruntime", "onnx", "numpy", "tokenizers")
 # The fallback measures accuracy through the runtime on this host's int8 kernels.
 STAGE = StageSpec("quantize", VERSION, QuantizeConfig, _PACKAGES, host="kernels", runtime_code=True)
 INT8_QDQ_STAGE = StageSpec("int8_qdq", VERSION, QuantizeConfig, _PACKAGES, host="kernels", runtime_code=True)
-
-
-def _error(stats: dict, metric: str) -> float:
-    return 1.0 - stats["cosine_mean"] if metric == "embedding" else stats["max_abs_diff"]
 
 
 def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
@@ -108,67 +95,6 @@ def _quantizer(settings, source: Path, fp32_model, texts: list, work: Path):
         quantize_dynamic(source, path, settings, exclude, only)
 
     return quantize_one
-
-
-def _fewest_passing(attempt, excluded: list, ranked: list, limit: int) -> tuple:
-    """(graph, missed, nodes kept in fp32): the fewest of the `ranked` nodes (most sensitive first, at most `limit`,
-    counts from FALLBACK_STEPS) kept in fp32 besides `excluded` with which `attempt(exclude) -> (graph, missed)`
-    passes. The widest is tried first: where it misses, fewer will not pass and the fallback stops there (its
-    graph is returned); else a bisection over the counts, each node kept only adding accuracy."""
-    counts = sorted({c for c in FALLBACK_STEPS if c < limit} | {limit})
-    widest = excluded + ranked[:limit]
-    graph, missed = attempt(widest)
-    if missed:
-        return graph, missed, widest
-    best = (graph, widest)
-    low, high = -1, len(counts) - 1  # counts[high] passes; counts[low] misses (-1: no nodes kept, which missed)
-    for _ in progress(range(max(len(counts) - 1, 1).bit_length()), "quantize: fallback"):
-        if high - low <= 1:
-            break
-        middle = (low + high) // 2
-        exclude = excluded + ranked[: counts[middle]]
-        graph, failed = attempt(exclude)
-        if failed:
-            low = middle
-        else:
-            high, best = middle, (graph, exclude)
-    return best[0], [], best[1]
-
-
-def _simulated(source: Path, nodes: list, excluded: list, fp32, texts: list, settings, metric: str) -> list | None:
-    """Each quantizable node's simulated dynamic int8 error (pipeline.passes.int8_error), most sensitive first, on
-    the first SIMULATED_EXAMPLES of `texts`; None where the measured sensitivity is used instead: static or
-    weight-only int8, decoders, a graph too large to simulate in memory, or one small enough to measure (nodes x
-    graph bytes within MEASURED_SENSITIVITY_BYTES: each node's own quantization and development pass)."""
-    import onnx
-
-    if settings.mode != "dynamic" or metric == "generation":
-        return None
-    names = {n.name for n in nodes} - set(excluded)
-    if len(names) * sum(f.stat().st_size for f in graph_files(source)) <= MEASURED_SENSITIVITY_BYTES:
-        return None  # small enough to measure each node's effect on the output, which ranks better
-    graph = onnx.load(str(source), load_external_data=False)
-    candidates = [n for n in quantizable_nodes(graph, settings.op_types) if n.name in names]
-    feeds = [fp32.feeds(fp32.encode([text])) for text in texts[:SIMULATED_EXAMPLES]]
-    return dynamic_int8_errors(source, candidates, feeds, settings, cpu_flags() or frozenset())
-
-
-def _sensitivity(open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work) -> list[dict]:
-    """Each quantizable node's error when it alone is quantized, most sensitive first."""
-    sensitivity = []
-    for node in progress(nodes, "quantize: sensitivity of each node"):
-        if node.name in excluded:
-            continue
-        path = work / "single.onnx"
-        quantize_one(path, only=[node.name])
-        model = open_graph(path)
-        # Decoders are ranked on their next-token logits alone: generating for every node would be slow.
-        if metric == "generation":
-            stats = compare("classification", reference["logits"], model.run(texts, batch_size=batch))
-        else:
-            stats = compare(metric, reference, outputs(model, texts, metric, batch))
-        sensitivity.append({"node": node.name, "op_type": node.op_type, "error": _error(stats, metric)})
-    return sorted(sensitivity, key=lambda s: -s["error"])
 
 
 def development_split(texts: list) -> tuple[list, list]:
@@ -202,6 +128,33 @@ def _alpha_scan(settings, judged) -> tuple[object, list[dict]]:
     return dataclasses.replace(settings, smooth_alpha=best["alpha"]), rows
 
 
+def _smoothing(settings, fp32_path: Path, fp32, calibration: list, ranges, judge: Judge, excluded: list, work: Path):
+    """(settings with the smoothing alpha kept, the alpha scan's rows, the graph to quantize, the nodes smoothed,
+    its quantizer, and the kept alpha's int8 graph (`excluded` in fp32) with its statistics where the scan made
+    it, else None). Each alpha of `settings.smooth_alphas` is smoothed, calibrated and judged in a folder of its
+    own; only the kept one's stays."""
+    if not settings.smooth_alphas:
+        source, smoothed = _smoothed(fp32_path, settings, ranges, work)
+        return settings, [], source, smoothed, _quantizer(settings, source, fp32, calibration, work), None
+    made = {}  # alpha -> (its smoothed graph, the nodes smoothed, its quantizer, its int8 graph and statistics)
+
+    def judged(alpha: float) -> dict:
+        tried, folder = dataclasses.replace(settings, smooth_alpha=alpha), work / f"alpha-{alpha}"
+        folder.mkdir()
+        source, smoothed = _smoothed(fp32_path, tried, ranges, folder)
+        quantize_one = _quantizer(tried, source, fp32, calibration, folder)
+        quantize_one(folder / "int8.onnx", exclude=excluded)
+        stats = judge.stats(judge.open(folder / "int8.onnx"))
+        made[alpha] = (source, smoothed, quantize_one, (folder / "int8.onnx", stats))
+        note(f"  smoothing alpha {alpha}: closeness to the development gate {closeness(stats, judge.gate):+.4f}")
+        return {"alpha": alpha, "closeness": closeness(stats, judge.gate), **stats}
+
+    settings, rows = _alpha_scan(settings, judged)
+    for alpha in made.keys() - {settings.smooth_alpha}:
+        shutil.rmtree(work / f"alpha-{alpha}")
+    return settings, rows, *made[settings.smooth_alpha]
+
+
 def int8_with_fallback(
     manifest: Manifest,
     target: Target,
@@ -222,78 +175,53 @@ def int8_with_fallback(
     import onnx
 
     calibration, texts = texts, judge or texts
-
     metric = TASKS[manifest.checkpoint.task].metric
     batch, new_tokens = target.shapes.batch_size, target.generation.new_tokens
-
-    def open_graph(path):
-        return candidate_model(manifest, target, path)
-
-    fp32 = open_graph(fp32_path)
+    fp32 = candidate_model(manifest, target, fp32_path)
     reference = outputs(fp32, texts, metric, batch, new_tokens)
     if metric == "generation":
         reference["teacher"] = teacher_reference(fp32, texts, batch)
+    gate = development_gate(target.accuracy, len(texts), settings.fallback_headroom)
+    judge = Judge(manifest, target, texts, reference, gate, metric)
     work = out / "work"
     work.mkdir()
     nodes = quantizable_nodes(onnx.load(str(fp32_path), load_external_data=False), settings.op_types)
     excluded = list(settings.exclude_nodes) + [n.name for n in nodes if n.op_type in settings.exclude_op_types]
-    candidates, sensitivity, method = [], None, None
-    gate = development_gate(target.accuracy, len(texts), settings.fallback_headroom)
     started = time.perf_counter()
     ranges = functools.cache(lambda: activation_absmax(fp32_path, nodes, fp32, calibration, batch))
-
-    made = {}  # alpha -> (its smoothed graph, the nodes smoothed, its quantizer, with its calibrated ranges)
-
-    def judged(alpha: float) -> dict:
-        tried, folder = dataclasses.replace(settings, smooth_alpha=alpha), work / f"alpha-{alpha}"
-        folder.mkdir()
-        source, smoothed = _smoothed(fp32_path, tried, ranges, folder)
-        made[alpha] = (source, smoothed, _quantizer(tried, source, fp32, calibration, folder))
-        made[alpha][2](folder / "int8.onnx", exclude=excluded)
-        stats = measure(open_graph(folder / "int8.onnx"), texts, reference, metric, batch, new_tokens)
-        for file in graph_files(folder / "int8.onnx"):
-            file.unlink()
-        note(f"  smoothing alpha {alpha}: closeness to the development gate {closeness(stats, gate):+.4f}")
-        return {"alpha": alpha, "closeness": closeness(stats, gate), **stats}
-
-    settings, alphas = _alpha_scan(settings, judged)
-    if alphas:  # the kept alpha's smoothing and calibration go on; the others' folders go
-        source, smoothed, quantize_one = made[settings.smooth_alpha]
-        for alpha in made.keys() - {settings.smooth_alpha}:
-            shutil.rmtree(work / f"alpha-{alpha}")
-    else:
-        source, smoothed = _smoothed(fp32_path, settings, ranges, work)
-        quantize_one = _quantizer(settings, source, fp32, calibration, work)
+    settings, alphas, source, smoothed, quantize_one, scanned = _smoothing(
+        settings, fp32_path, fp32, calibration, ranges, judge, excluded, work
+    )
+    candidates, first = [], list(excluded)
 
     def attempt(exclude: list[str]) -> tuple[Path, list[str]]:
-        path = work / f"int8-{len(exclude)}.onnx"
-        begun = time.perf_counter()
-        quantize_one(path, exclude=exclude)
-        model = open_graph(path)
-        stats = measure(model, texts, reference, metric, batch, new_tokens)
+        begun, path = time.perf_counter(), work / f"int8-{len(exclude)}.onnx"
+        if scanned is not None and exclude == first:  # the alpha scan made and judged this graph
+            move_graph(scanned[0], path)
+            model, stats = judge.open(path), scanned[1]
+        else:
+            quantize_one(path, exclude=exclude)
+            model = judge.open(path)
+            stats = judge.stats(model)
         missed = failures(stats, gate)
         seconds = round(time.perf_counter() - begun, 2)
         timed = latency(model, texts, batch) if could_win is None else {}
-        row = {"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **timed}
-        candidates.append({**row, **stats})
+        candidates.append({"fp32_nodes": len(exclude), "passed": not missed, "seconds": seconds, **timed, **stats})
         note(f"  int8 with {len(exclude)} nodes in fp32: " + ("passed" if not missed else "; ".join(missed)))
         return path, missed
 
     chosen, missed = attempt(excluded)
-    if missed and settings.max_fp32_nodes > len(excluded) and could_win is not None:
-        could_win(candidate_model(manifest, target, chosen, session=NO_SPINNING))
+    sensitivity, method = None, None
     if missed and settings.max_fp32_nodes > len(excluded):
-        sensitivity = _simulated(source, nodes, excluded, fp32, texts, settings, metric)
-        method = "simulated" if sensitivity else "measured"
-        sensitivity = sensitivity or _sensitivity(
-            open_graph, quantize_one, nodes, excluded, texts, reference, metric, batch, work
-        )
+        if could_win is not None:
+            could_win(judge.open(chosen, session=NO_SPINNING))
+        sensitivity, method = sensitivity_ranked(judge, quantize_one, source, nodes, excluded, fp32, settings, work)
         # The whole budget is tried, but one node at least stays int8: an int8 target that keeps every node in
         # fp32 would publish an fp32 graph under an int8 name.
         limit = min(settings.max_fp32_nodes, len(sensitivity) - 1)
         if limit >= 1:
             ranked = [s["node"] for s in sensitivity]
-            chosen, missed, excluded = _fewest_passing(attempt, excluded, ranked, limit)
+            chosen, missed, excluded = fewest_passing(attempt, excluded, ranked, limit)
     if missed and strict:
         raise AccuracyError(
             f"int8 {manifest.model_name} for {target.name} misses its thresholds on the development split even with "
