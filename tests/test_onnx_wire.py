@@ -5,18 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-
-def _graph():
-    weight = np.linspace(-1, 1, 8 * 64, dtype=np.float32).reshape(8, 64)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.ones(1, np.float32), "b")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+from .test_onnx_files import _graph  # y = x @ W + b
 
 
 def test_serialized_size_counts_at_least_the_bytes_a_graph_serializes_to_a_part_at_a_time():
