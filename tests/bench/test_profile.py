@@ -42,12 +42,27 @@ def test_node_flops_of_a_one_matmul_graph_equal_2mnk(engine, tmp_path):
         times = onnxruntime_node_times(model.SerializeToString(), ort.SessionOptions(), feeds, runs=2, warmups=1)
     else:
         onnx.save(model, tmp_path / "one-matmul.onnx")
-        times = openvino_node_times(tmp_path / "one-matmul.onnx", {}, feeds, runs=2, warmups=1)
+        # fp32 asked for: OpenVINO's default on a CPU with BF16 (AVX512-BF16, AMX) is bf16
+        config = {"INFERENCE_PRECISION_HINT": "f32"}
+        times = openvino_node_times(tmp_path / "one-matmul.onnx", config, feeds, runs=2, warmups=1)
     assert len(times["runs"]) == (2 if engine == "onnxruntime" else 1) and len(times["run_us"]) == 2
     assert all(us > 0 for us in times["run_us"])
     for run in times["runs"]:
         [gemm] = [node for node in run if node["class"] == "gemm"]
         assert gemm["flops"] == 2 * batch * seq * k * n and gemm["precision"] == "fp32" and gemm["us"] >= 0
+
+
+def test_a_gemm_openvino_runs_in_bf16_is_counted_as_bf16(tmp_path):
+    import onnx
+    import openvino as ov
+
+    if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU has no BF16 (OpenVINO's OPTIMIZATION_CAPABILITIES): no bf16 GEMM to count")
+    onnx.save(_one_matmul(2, 16, 64, 32), tmp_path / "one-matmul.onnx")
+    feeds = {"x": np.ones((2, 16, 64), dtype=np.float32)}
+    times = openvino_node_times(tmp_path / "one-matmul.onnx", {"INFERENCE_PRECISION_HINT": "bf16"}, feeds, runs=2)
+    [gemm] = [node for node in times["runs"][0] if node["class"] == "gemm"]
+    assert gemm["precision"] == "bf16" and gemm["flops"] == 2 * 2 * 16 * 64 * 32
 
 
 @pytest.mark.parametrize(
