@@ -68,8 +68,8 @@ def test_smollm2_native_search_judges_fp32_two_int8_block_sizes_and_two_int4_sch
     assert set(rows) == {"ort-fp32-decoder", *int8, "ort-int4-weights", "ort-int4-minimum"}
     assert rows["ort-fp32-decoder"]["status"] == "passed" and rows["ort-fp32-decoder"]["teacher_top1_agreement"] == 1
     assert rows["ort-int8-weights"]["status"] == "passed" and rows["ort-int8-weights"]["perplexity_ratio"] < 1.03
-    # Blocks of 128 pass on an AVX2-only Zen 3 and miss on an AVX-512 Zen 4 (greedy prefix agreement 0.14, its
-    # one-row int8 kernel): judged either way, a row with its reasons where it misses.
+    # Blocks of 128 pass on an AVX2-only Zen 3 and miss on an AVX-512 Zen 4 (greedy prefix agreement 0.14): judged
+    # either way, a row with its reasons where it misses.
     wide = rows["ort-int8-blocks128"]
     assert (wide["status"] == "passed" and wide["perplexity_ratio"] < 1.03) or (
         wide["status"] == "missed" and wide["missed"] and wide["latency_ms"] is None
