@@ -105,7 +105,7 @@ def _read(file, start: int, end: int) -> bytes:
     return file.read(end - start)
 
 
-def _readvarint(file) -> int:
+def _read_varint(file) -> int:
     value, shift = 0, 0
     while True:
         byte = file.read(1)
@@ -123,13 +123,13 @@ def _fields(file, start: int, end: int):
     position = start
     while position < end:
         file.seek(position)
-        key = _readvarint(file)
+        key = _read_varint(file)
         wire = key & 7
         if wire == 0:
-            _readvarint(file)
+            _read_varint(file)
             value, stop = None, file.tell()
         elif wire == 2:
-            length = _readvarint(file)
+            length = _read_varint(file)
             value = file.tell()
             stop = value + length
         elif wire in (1, 5):
