@@ -98,12 +98,12 @@ def _field_size(tensor) -> int:
     from onnx import TensorProto
 
     head = _tensor_head(tensor)
-    if head is None or tensor.data_type not in _WIDTHS:
-        head, data = _tensor_parts(tensor)
-        raw = len(data)
-    else:
-        raw = math.prod(tensor.dims) * _WIDTHS[tensor.data_type]
-        head = head.SerializeToString() + field_key(TensorProto, "raw_data") + varint(raw)
+    if head is None:
+        size = tensor.ByteSize()
+        return len(_wrappers(size)) + size
+    width = _WIDTHS.get(tensor.data_type)
+    raw = math.prod(tensor.dims) * width if width else len(tensor.raw_data)
+    head = head.SerializeToString() + field_key(TensorProto, "raw_data") + varint(raw)
     return len(_wrappers(len(head) + raw)) + len(head) + raw
 
 
