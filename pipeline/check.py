@@ -52,6 +52,8 @@ def check(model: str | Path, target: str = "native") -> dict:
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         candidates.append({"name": candidate.name, "buildable": not missing, "missing_flags": missing})
     passes = f"onnxruntime {arch.ort_model_type} fusions" if arch.ort_model_type else "generic passes only"
+    if arch.ort_model_type and arch.attention_fusion:
+        passes += f", then attention from its {arch.attention_fusion} layout"
     return {
         "model": info.path,
         "model_type": info.model_type,

@@ -28,7 +28,9 @@ class Architecture:
     `fusion_problem`, given the transformers model, says why this checkpoint's attention cannot be rewritten, or
     None. `attention_options`, given the config, returns extra GroupQueryAttention attributes per layer (scale,
     softcap, local_window_size). `position_offset` is the number of positions reserved before the first token
-    (RoBERTa's padding index + 1).
+    (RoBERTa's padding index + 1). `attention_fusion` names this project's own encoder attention fusion
+    (pipeline/passes/encoder_attention.py), run after ONNX Runtime's where its optimizer does not fuse the family's
+    attention.
     """
 
     model_type: str
@@ -39,6 +41,7 @@ class Architecture:
     attention_options: Callable | None = None
     position_offset: int = 0
     generic: bool = False
+    attention_fusion: str | None = None
 
     def why_not_fused(self, model) -> str | None:
         """Why the model's attention stays decomposed, or None when it becomes GroupQueryAttention."""

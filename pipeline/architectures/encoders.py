@@ -14,7 +14,8 @@ ENCODERS = (
     Architecture("roberta", "encoder", ort_model_type="bert", position_offset=2),
     Architecture("xlm-roberta", "encoder", ort_model_type="bert", position_offset=2),
     Architecture("camembert", "encoder", ort_model_type="bert", position_offset=2),
-    Architecture("distilbert", "encoder", ort_model_type="bert"),
+    # ORT's FusionAttention matches DistilBERT's layer, then reads the mask value from the wrong node and gives up.
+    Architecture("distilbert", "encoder", ort_model_type="bert", attention_fusion="where-mask"),
     Architecture("electra", "encoder", ort_model_type="bert"),
     Architecture("albert", "encoder", ort_model_type="bert"),
     # Relative-position (MPNet), disentangled (DeBERTa-v2) and rotary local/global (ModernBERT) attention have no

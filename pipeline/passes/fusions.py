@@ -4,7 +4,9 @@ knows the family (an `ort_model_type`); otherwise only the generic passes (ONNX 
     MatMul+Add+Softmax+...  ->  Attention        Add+LayerNorm  ->  SkipLayerNormalization
     Add(bias)+Gelu          ->  BiasGelu         Gather*3+LayerNorm -> EmbedLayerNormalization
 
-and, where the config asks (decoders), MatMuls that read one input packed into one (pipeline/passes/packing.py).
+then this project's own attention fusion where the family's record names one (pipeline/passes/encoder_attention.py:
+DistilBERT's Where-masked attention, which ONNX Runtime's optimizer does not fuse), and, where the config asks
+(decoders), MatMuls that read one input packed into one (pipeline/passes/packing.py).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _transformer_fused(source: Path, config, target_file: Path) -> tuple[dict, i
     as they do where they read no weight."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    if config.model_type not in _FUSIONS_READ_WEIGHTS:
+    if config.model_type not in _FUSIONS_READ_WEIGHTS and not config.attention_fusion:
         result = _structure_fused(source, config, target_file)
         if result is not None:
             return *result, True
@@ -73,6 +75,12 @@ def _transformer_fused(source: Path, config, target_file: Path) -> tuple[dict, i
             str(source), model_type=config.model_type, num_heads=0, hidden_size=0, opt_level=config.level, use_gpu=False
         )
     fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    if config.attention_fusion:
+        from pipeline.passes.encoder_attention import FUSIONS
+
+        own = FUSIONS[config.attention_fusion](optimized)
+        if own:
+            fused["Attention"] = fused.get("Attention", 0) + own
     packed = matmuls_packed(optimized.model) if config.packed else 0
     save_graph(optimized.model, target_file, consume=True)
     return fused, packed, False
@@ -155,6 +163,14 @@ def _packed_and_written(structure, graph: Path, target_file: Path, pack: bool) -
     return packed
 
 
+def _passes(config) -> str:
+    """What ran, in the report's words."""
+    if not (config.fusions and config.model_type):
+        return "generic"
+    own = f", then attention from its {config.attention_fusion} layout" if config.attention_fusion else ""
+    return f"onnxruntime {config.model_type} fusions{own}"
+
+
 def fused_from_onnx(source: Path, config, out: Path) -> dict:
     """Write the optimized graph of `source` to `out`/model.onnx; returns node counts before and after."""
     import onnxruntime as ort
@@ -191,5 +207,5 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
         "fused": fused,
         "packed_matmuls": packed,
         "fused_without_weights": without_weights,
-        "passes": f"onnxruntime {config.model_type} fusions" if config.fusions and config.model_type else "generic",
+        "passes": _passes(config),
     }

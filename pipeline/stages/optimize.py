@@ -12,7 +12,7 @@ from pipeline.manifest import Manifest
 from pipeline.passes.fusions import fused_from_onnx
 from pipeline.targets import Target
 
-VERSION = 3
+VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,12 +20,14 @@ class OptimizeConfig:
     """The target's [optimize] settings and the ONNX Runtime optimizer model type of the architecture ("" where
     the optimizer does not know the family: then only the generic passes run, constant folding and dead-node
     removal); `packed`: MatMuls that read one input packed into one (decoders: a step at batch 1 makes one kernel
-    call for them)."""
+    call for them); `attention_fusion`: this project's attention fusion for the family, after ONNX Runtime's ("" for
+    none; pipeline/passes/encoder_attention.py)."""
 
     fusions: bool
     level: int
     model_type: str
     packed: bool
+    attention_fusion: str = ""
 
 
 STAGE = StageSpec("optimize", VERSION, OptimizeConfig, packages=("onnxruntime", "onnx"))
@@ -40,6 +42,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         level=target.optimize.level,
         model_type=arch.ort_model_type or "",
         packed=arch.family == "decoder",
+        attention_fusion=arch.attention_fusion or "",
     )
     record = run_cached(
         manifest.cache_dir,

@@ -1,0 +1,103 @@
+"""attention_from_where_mask: DistilBERT's Where-masked attention, which ONNX Runtime's optimizer leaves decomposed,
+becomes one Attention node a layer with the outputs of the decomposed graph; a layer that differs is left alone."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from onnxruntime.transformers.onnx_model import OnnxModel
+
+from pipeline.manifest import Manifest
+from pipeline.passes.encoder_attention import attention_from_where_mask
+from pipeline.passes.fusions import fused_from_onnx
+from pipeline.stages import checkpoint, export
+from pipeline.stages.optimize import OptimizeConfig
+from pipeline.targets import load_target
+
+from ..tiny import make_checkpoint
+from .conftest import op_counts
+
+LAYERS = 2  # the tiny checkpoint's depth
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory) -> dict:
+    """The tiny DistilBERT's export optimized by ONNX Runtime's BERT fusions, without and with this pass."""
+    tmp = tmp_path_factory.mktemp("distilbert")
+    manifest = Manifest("m", str(make_checkpoint(tmp / "ckpt", "distilbert")), str(tmp / "cache"), "", "", "")
+    for stage in (checkpoint.run, export.run):
+        manifest = stage(manifest, load_target("cpu-avx2"))
+    graphs = {}
+    for layout in ("", "where-mask"):
+        out = tmp / (layout or "ort")
+        out.mkdir()
+        config = OptimizeConfig(fusions=True, level=2, model_type="bert", packed=False, attention_fusion=layout)
+        graphs[layout] = (
+            out / "model.onnx",
+            fused_from_onnx(manifest.stage("export").output("model.onnx"), config, out),
+        )
+    return graphs
+
+
+def _feeds(batch: int = 3, length: int = 11) -> dict:
+    rng = np.random.default_rng(0)
+    mask = np.ones((batch, length), np.int64)
+    mask[1, 7:] = 0
+    mask[2, 3:] = 0
+    return {"input_ids": rng.integers(1000, 2000, (batch, length)).astype(np.int64), "attention_mask": mask}
+
+
+def _run(model, feeds: dict) -> np.ndarray:
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_each_layer_becomes_one_attention_node_with_the_decomposed_graphs_outputs(optimized):
+    (plain, plain_metrics), (fused, metrics) = optimized[""], optimized["where-mask"]
+    assert "Attention" not in plain_metrics["fused"] and op_counts(plain)["Softmax"] == LAYERS
+    assert metrics["fused"]["Attention"] == op_counts(fused)["Attention"] == LAYERS
+    assert not {"Softmax", "Where", "Expand", "Transpose"} & set(op_counts(fused))
+    assert metrics["passes"] == "onnxruntime bert fusions, then attention from its where-mask layout"
+    feeds = _feeds()
+    want, got = _run(plain, feeds), _run(fused, feeds)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # The mask is read: a padded row is the row alone, and unmasking it changes it.
+    alone = _run(fused, {name: array[2:3, :3] for name, array in feeds.items()})
+    np.testing.assert_allclose(alone[0], got[2], atol=1e-5)
+    unmasked = _run(fused, {**feeds, "attention_mask": np.ones_like(feeds["attention_mask"])})
+    assert np.abs(unmasked[2] - got[2]).max() > 1e-3
+
+
+def _constant_of(model: onnx.ModelProto, op_type: str) -> onnx.TensorProto:
+    """The constant the first `op_type` node reads, as an initializer of `model`."""
+    node = next(n for n in model.graph.node if n.op_type == op_type)
+    names = {i.name: i for i in model.graph.initializer}
+    return next(names[i] for i in node.input if i in names)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "the mask compares with 1",  # attention_mask == 1 is not "padding"
+        "the scores are read elsewhere",  # another output reads them
+        "the fill value is positive",
+    ],
+)
+def test_a_layer_that_differs_from_the_pattern_is_left_decomposed(change, optimized):
+    model = onnx.load(str(optimized[""][0]))
+    if change == "the mask compares with 1":
+        tensor = _constant_of(model, "Equal")
+        tensor.CopyFrom(numpy_helper.from_array(np.ones_like(numpy_helper.to_array(tensor)), tensor.name))
+    elif change == "the fill value is positive":
+        for node in (n for n in model.graph.node if n.op_type == "Where"):
+            fill = next(i for i in model.graph.initializer if i.name == node.input[1])
+            fill.CopyFrom(numpy_helper.from_array(np.ones_like(numpy_helper.to_array(fill)), fill.name))
+    else:
+        for node in (n for n in model.graph.node if n.op_type == "Where"):
+            model.graph.output.append(onnx.helper.make_value_info(node.input[2], onnx.TypeProto()))
+    before = _run(model, _feeds())
+    wrapped = OnnxModel(model)
+    assert attention_from_where_mask(wrapped) == 0
+    assert not any(n.op_type == "Attention" for n in model.graph.node)
+    np.testing.assert_array_equal(_run(model, _feeds()), before)
