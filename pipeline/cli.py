@@ -22,11 +22,6 @@ class _Commands(click.Group):
             sys.exit(err.exit_code)
 
 
-def _scores(metrics: dict) -> str:
-    """A validation's scores as compact JSON, to 4 decimals."""
-    return json.dumps({k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
-
-
 @click.group(cls=_Commands)
 @click.version_option(package_name="pipeline", prog_name="pipeline")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bars")
@@ -69,6 +64,7 @@ def build(
 ) -> None:
     """Build, validate and publish MODEL for TARGET (or, with --models/--targets/--cluster, a fleet of builds)."""
     from pipeline.build import build as run_build
+    from pipeline.summary import build_summary
     from pipeline.targets import load_target
 
     options = {
@@ -99,40 +95,7 @@ def build(
             click.echo(candidate_table(record.metrics))
 
     manifest = run_build(model, target, name, task, on_stage=show, **{k: v for k, v in options.items() if v})
-    published = manifest.published
-    reused = [r.name for r in manifest.stages if r.reused]
-    spec = load_target(target)
-    if spec.kernel_class not in ("any", kernel_class()):
-        click.echo(
-            f"note: {spec.name} is for {spec.kernel_class} CPUs but this host is {kernel_class()}: accuracy and "
-            "timings were measured on other kernels (the manifest says so); re-validate on a "
-            f"{spec.kernel_class} host with `pipeline validate ARTIFACT`"
-        )
-    if published["reused"]:
-        click.echo(f"unchanged: {published['path']} already holds this build ({published['version']})")
-    else:
-        click.echo(f"published {published['path']}")
-    engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
-    if engine and engine["status"] == "pending":
-        click.echo(f"engine pending: {engine['reason']}; every other stage is published")
-    validation_metrics = manifest.stage("validate").metrics
-    click.echo("validation against PyTorch on held-out text:")
-    click.echo(verdict_table(validation_metrics["verdict"]))
-    if "int8_qdq" in validation_metrics:
-        click.echo(f"validation of model.int8.onnx: {_scores(validation_metrics['int8_qdq'])}")
-    speed = (validation_metrics.get("speed") or {}).get("batches", {})
-    if speed:
-        click.echo("timed on this build host while building (report.json; `make bench` measures speed):")
-    for batch, row in speed.items():
-        mine, torch = row["artifact"], row["pytorch-generate"]
-        low, high = mine["decode_range_tokens_per_s"]
-        click.echo(
-            f"  {batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms "
-            f"(PyTorch {torch['ttft_ms']:.1f}), decode {mine['decode_tokens_per_s']:.0f} tokens/s "
-            f"[p10-p90 {low:.0f}-{high:.0f}] (PyTorch {torch['decode_tokens_per_s']:.0f}, "
-            f"x{mine['decode_speedup']:.2f})"
-        )
-    click.echo(f"reused stages: {', '.join(reused) or 'none'}; {published['seconds']:.1f}s in all")
+    click.echo(build_summary(manifest, load_target(target), kernel_class()))
 
 
 @main.command()
@@ -207,20 +170,14 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
         click.echo(f"wrote {results['written_to']}/profile.json, profile.md")
         return
     if calibration:
-        from pipeline.bench.calibration import calibration_memory
+        from pipeline.bench.calibration import calibration_lines, calibration_memory
 
         try:
             counts = [int(n) for n in calibration.split(",")]
         except ValueError:
             message = f"{calibration!r} is not a comma-separated list of counts, e.g. 1000,10000"
             raise click.BadParameter(message) from None
-        rows = calibration_memory(artifact, cache_dir, counts, method)
-        for row in rows:
-            kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
-            click.echo(
-                f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
-                f"{row['seconds']} s" + (f" (failed: {row['error']})" if row.get("error") else "")
-            )
+        click.echo(calibration_lines(calibration_memory(artifact, cache_dir, counts, method)))
         return
     bad = [g for g in genai if "=" not in g]
     if bad:
@@ -349,24 +306,14 @@ def host(ray_resources, head) -> None:
 def check_model(model, target) -> None:
     """Say in seconds what building MODEL for TARGET would do (task, family, passes, candidates), building nothing."""
     from pipeline.check import check
+    from pipeline.summary import check_summary
 
     if target == "native":
         from pipeline.runtime.host import kernel_class
         from pipeline.targets import native_target
 
         target = native_target(kernel_class())
-    plan = check(model, target)
-    click.echo(
-        f"{plan['model']}: {plan['model_type']} ({plan['family']}, {plan['record']} family), task {plan['task']}"
-    )
-    click.echo(f"  target      {plan['target']}, inputs up to {plan['max_length']} tokens")
-    click.echo(f"  passes      {plan['passes']}")
-    click.echo(f"  attention   {plan['attention']}")
-    for row in plan["candidates"]:
-        why = "" if row["buildable"] else f"  (skipped here: lacks {', '.join(row['missing_flags'])})"
-        click.echo(f"  candidate   {row['name']}{why}")
-    if not plan["candidates"]:
-        click.echo("  candidates  none: the target builds one graph, no search")
+    click.echo(check_summary(check(model, target)))
 
 
 @main.command(name="gc")

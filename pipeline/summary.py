@@ -1,6 +1,9 @@
-"""The readable summary `pipeline inspect` prints of a verified artifact (`--json` prints describe() as is)."""
+"""What the commands print: the summary `pipeline inspect` prints of a verified artifact (`--json` prints describe()
+as is), the report after `pipeline build`, and the plan of `pipeline check`."""
 
 from __future__ import annotations
+
+import json
 
 from pipeline.timing import COST
 
@@ -78,4 +81,69 @@ def summary(info: dict) -> str:
     rows = validation.get("verdict") or []
     if rows:
         lines += ["", "validation on held-out text:", verdict_table(rows)]
+    return "\n".join(lines)
+
+
+def _scores(metrics: dict) -> str:
+    """A validation's scores as compact JSON, to 4 decimals."""
+    return json.dumps({k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+
+
+def _generation_speed(validation: dict) -> list[str]:
+    """The decoder's speed as timed while building, a line a batch."""
+    speed = (validation.get("speed") or {}).get("batches", {})
+    lines = ["timed on this build host while building (report.json; `make bench` measures speed):"] if speed else []
+    for batch, row in speed.items():
+        mine, torch = row["artifact"], row["pytorch-generate"]
+        low, high = mine["decode_range_tokens_per_s"]
+        lines.append(
+            f"  {batch.replace('_', ' ')}: time to first token {mine['ttft_ms']:.1f} ms "
+            f"(PyTorch {torch['ttft_ms']:.1f}), decode {mine['decode_tokens_per_s']:.0f} tokens/s "
+            f"[p10-p90 {low:.0f}-{high:.0f}] (PyTorch {torch['decode_tokens_per_s']:.0f}, "
+            f"x{mine['decode_speedup']:.2f})"
+        )
+    return lines
+
+
+def build_summary(manifest, spec, host_class: str) -> str:
+    """What `pipeline build` prints after its stages: where the artifact went, the validation's verdicts, and a
+    note where the target's kernel class is not the build host's (`host_class`)."""
+    published = manifest.published
+    lines = []
+    if spec.kernel_class not in ("any", host_class):
+        lines.append(
+            f"note: {spec.name} is for {spec.kernel_class} CPUs but this host is {host_class}: accuracy and "
+            "timings were measured on other kernels (the manifest says so); re-validate on a "
+            f"{spec.kernel_class} host with `pipeline validate ARTIFACT`"
+        )
+    if published["reused"]:
+        lines.append(f"unchanged: {published['path']} already holds this build ({published['version']})")
+    else:
+        lines.append(f"published {published['path']}")
+    engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
+    if engine and engine["status"] == "pending":
+        lines.append(f"engine pending: {engine['reason']}; every other stage is published")
+    validation = manifest.stage("validate").metrics
+    lines += ["validation against PyTorch on held-out text:", verdict_table(validation["verdict"])]
+    if "int8_qdq" in validation:
+        lines.append(f"validation of model.int8.onnx: {_scores(validation['int8_qdq'])}")
+    lines += _generation_speed(validation)
+    reused = ", ".join(r.name for r in manifest.stages if r.reused) or "none"
+    lines.append(f"reused stages: {reused}; {published['seconds']:.1f}s in all")
+    return "\n".join(lines)
+
+
+def check_summary(plan: dict) -> str:
+    """What `pipeline check` prints of its plan (pipeline/check.py)."""
+    lines = [
+        f"{plan['model']}: {plan['model_type']} ({plan['family']}, {plan['record']} family), task {plan['task']}",
+        f"  target      {plan['target']}, inputs up to {plan['max_length']} tokens",
+        f"  passes      {plan['passes']}",
+        f"  attention   {plan['attention']}",
+    ]
+    for row in plan["candidates"]:
+        why = "" if row["buildable"] else f"  (skipped here: lacks {', '.join(row['missing_flags'])})"
+        lines.append(f"  candidate   {row['name']}{why}")
+    if not plan["candidates"]:
+        lines.append("  candidates  none: the target builds one graph, no search")
     return "\n".join(lines)

@@ -14,7 +14,8 @@ from pipeline.errors import InputError
 from pipeline.fleet import fleet, host_resources, ray_start_line, read_models, target_resource
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.host import kernel_class
-from pipeline.targets import KERNEL_CLASSES, load_target
+from pipeline.targets import load_target
+from pipeline.targets.choices import KERNEL_CLASSES
 
 from .conftest import write_target
 

@@ -90,3 +90,16 @@ def calibration_memory(
                 {"examples": count, "method": method, "streamed": streamed, "exit_code": child.returncode, **result}
             )
         return rows
+
+
+def calibration_lines(rows: list[dict]) -> str:
+    """`calibration_memory`'s rows as `pipeline bench --calibration-memory` prints them, a line each."""
+    lines = []
+    for row in rows:
+        kind = "streamed (this pipeline)" if row["streamed"] else "unstreamed (onnxruntime default)"
+        failed = f" (failed: {row['error']})" if row.get("error") else ""
+        lines.append(
+            f"{row['examples']:>6} examples, {row['method']}, {kind}: peak RSS {row['peak_rss_mb']} MB, "
+            f"{row['seconds']} s{failed}"
+        )
+    return "\n".join(lines)

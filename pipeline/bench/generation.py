@@ -113,7 +113,8 @@ def _window(folder: Path) -> int:
 
 def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
     """onnxruntime-genai's next-token logits along each held-out continuation of `teacher` (as
-    `reference.teacher_forced` splits the texts): genai returns logits for every position of what it is given."""
+    `reference_decoder.teacher_forced` splits the texts): genai returns logits for every position of what it is
+    given."""
     og, model, _ = _genai_model(folder)
     logits = []
     for prompt, continuation in zip(teacher["prompts"], teacher["continuations"], strict=True):
@@ -183,8 +184,8 @@ def bench_generation(
         generate_runner,
         load_hf_tokenizer,
         load_torch_model,
-        teacher_forced,
     )
+    from pipeline.reference_decoder import teacher_forced
 
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
