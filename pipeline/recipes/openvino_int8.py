@@ -103,7 +103,8 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win
     """NNCF int8 of `model`, keeping the fewest most sensitive MatMul kinds out of int8 with which `passes(model)`
     holds (bisection over the ranking). Returns the model (the one with most kinds kept where none passes) and
     its record: kinds and nodes kept, each try. `could_win(quantized)`, where given, runs before the bisection
-    and raises to stop it (the fully quantized model is the fastest the bisection can give)."""
+    and raises to stop it (the fully quantized model is the fastest the bisection can give), and again on each
+    try that misses: what the bisection tries after it keeps more kinds wide, so is slower."""
     quantized = nncf_int8(model, calibration_feeds)
     tries = [{"kept_kinds": 0, "passed": passes(quantized)}]
     kinds = matmul_kinds(model)
@@ -125,7 +126,12 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win
     else:
         while high - low > 1:
             middle = (low + high) // 2
-            low, high = (low, middle) if attempt(middle) else (middle, high)
+            if attempt(middle):
+                high = middle
+                continue
+            low = middle
+            if could_win is not None:  # every try left keeps more kinds wide than this one: slower still
+                could_win(built[middle])
         chosen = high
     kept = ranking[:chosen]
     record = {

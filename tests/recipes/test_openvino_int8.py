@@ -14,6 +14,7 @@ from pipeline.recipes.openvino_int8 import (
     nncf_int8,
 )
 from pipeline.stages import checkpoint, export
+from pipeline.stages.candidates import CannotWin
 from pipeline.targets import load_target
 
 from ..conftest import CALIBRATION_TEXTS, SMALL_TEXTS
@@ -69,3 +70,24 @@ def test_no_fallback_when_full_int8_passes_and_every_kind_kept_when_nothing_does
     assert record["kept_kinds"] == [] and record["tries"] == [{"kept_kinds": 0, "passed": True}] and _int8_kinds(full)
     kept, record = int8_with_kinds_kept(model, feeds, lambda m: False)
     assert not _int8_kinds(kept) and len(record["tries"]) == 2 and not any(t["passed"] for t in record["tries"])
+
+
+def test_a_missed_try_that_cannot_win_stops_the_bisection(plain):
+    model, feeds = plain
+    ranking = kind_ranking(nncf_int8(model, feeds), feeds[:RANKING_FEEDS])
+    needed = set(ranking[:-1])  # only every kind kept passes: the first middle misses
+    judged, screened = [], []
+
+    def passes(quantized) -> bool:
+        judged.append(quantized)
+        return not needed & _int8_kinds(quantized)
+
+    def could_win(quantized) -> None:
+        screened.append(_int8_kinds(quantized))
+        if len(screened) > 1:
+            raise CannotWin("its form is slower than fp32, which passed, at b1, b8", {})
+
+    with pytest.raises(CannotWin):
+        int8_with_kinds_kept(model, feeds, passes, could_win)
+    assert len(judged) == 3  # all int8, every kind kept, then the middle, after which nothing could win
+    assert screened == [set(ranking), set(ranking[len(ranking) // 2 :])]
