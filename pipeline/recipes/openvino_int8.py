@@ -130,7 +130,7 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win
                 high = middle
                 continue
             low = middle
-            if could_win is not None:  # every try left keeps more kinds wide than this one: slower still
+            if could_win is not None and high - low > 1:  # every try left keeps more kinds wide: slower still
                 could_win(built[middle])
         chosen = high
     kept = ranking[:chosen]
