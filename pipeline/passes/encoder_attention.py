@@ -145,11 +145,18 @@ def _private(layer: dict, input_name_to_nodes, graph_outputs: set[str]) -> bool:
 
 def _mask_int32(model, source: str) -> str:
     """The name of `source` cast to int32, the mask type of the Attention op (one Cast for every layer)."""
-    name = f"{source}_int32"
-    if not any(name in n.output for n in model.nodes()):
-        model.add_node(
-            helper.make_node("Cast", [source], [name], name=model.create_node_name("Cast"), to=TensorProto.INT32)
-        )
+    for node in model.nodes():
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and list(node.input) == [source] and to == TensorProto.INT32:
+            return node.output[0]
+    taken = {name for n in model.nodes() for name in n.output} | {i.name for i in model.model.graph.input}
+    name, index = f"{source}_int32", 0
+    while name in taken:
+        index += 1
+        name = f"{source}_int32_{index}"
+    model.add_node(
+        helper.make_node("Cast", [source], [name], name=model.create_node_name("Cast"), to=TensorProto.INT32)
+    )
     return name
 
 
@@ -175,6 +182,8 @@ def attention_from_where_mask(model) -> int:
         )
         fused += 1
     if fused:
+        if not any(o.domain == "com.microsoft" for o in model.model.opset_import):
+            model.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         model.prune_graph(allow_remove_graph_inputs=False)
         model.topological_sort()
     return fused
