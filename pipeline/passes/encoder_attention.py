@@ -28,10 +28,6 @@ _HEADS_FIRST = [0, 2, 1, 3]  # (B, S, N, D) -> (B, N, S, D)
 _KEYS_TRANSPOSED = [0, 2, 3, 1]  # (B, S, N, D) -> (B, N, D, S)
 
 
-def _perm(node) -> list[int]:
-    return next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
-
-
 def _scalar(model, name: str) -> float | None:
     value = model.get_constant_value(name)
     return float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size == 1 else None
@@ -51,7 +47,7 @@ def _dims(model, name: str, output_name_to_node) -> list[int | None]:
 def _projection(model, node, index, perm, output_name_to_node):
     """(nodes, weight, bias, heads, head_size) of the projection feeding input `index` of `node`, or None."""
     nodes = model.match_parent_path(node, _PROJECTION, [index, 0, None, None], output_name_to_node)
-    if nodes is None or _perm(nodes[0]) != perm:
+    if nodes is None or model.get_node_attribute(nodes[0], "perm") != perm:
         return None
     _, reshape, add, matmul = nodes
     weight = model.get_initializer(matmul.input[1])
@@ -85,7 +81,8 @@ def _mask(model, where, output_name_to_node):
 
 def _layer(model, softmax, input_name_to_nodes, output_name_to_node) -> dict | None:
     """What one layer's fusion needs, or None where the layer is not the pattern of the module docstring."""
-    axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+    axis = model.get_node_attribute(softmax, "axis")
+    axis = -1 if axis is None else axis
     where = model.match_parent_path(softmax, ["Where", "MatMul"], [0, 2], output_name_to_node)
     consumers = input_name_to_nodes.get(softmax.output[0], [])
     if axis not in (-1, 3) or where is None or len(consumers) != 1 or consumers[0].op_type != "MatMul":
@@ -98,7 +95,11 @@ def _layer(model, softmax, input_name_to_nodes, output_name_to_node) -> dict | N
     if fill is None or fill >= 0 or mask is None or not divisor or context.input[0] != softmax.output[0] or not tail:
         return None
     reshape = input_name_to_nodes.get(tail[0].output[0], [])
-    if _perm(tail[0]) != _HEADS_FIRST or len(reshape) != 1 or reshape[0].op_type != "Reshape":
+    if (
+        model.get_node_attribute(tail[0], "perm") != _HEADS_FIRST
+        or len(reshape) != 1
+        or reshape[0].op_type != "Reshape"
+    ):
         return None
     q = _projection(model, scaled[0], 0, _HEADS_FIRST, output_name_to_node)
     k = _projection(model, scores, 1, _KEYS_TRANSPOSED, output_name_to_node)
@@ -146,8 +147,11 @@ def _private(layer: dict, input_name_to_nodes, graph_outputs: set[str]) -> bool:
 def _mask_int32(model, source: str) -> str:
     """The name of `source` cast to int32, the mask type of the Attention op (one Cast for every layer)."""
     for node in model.nodes():
-        to = next((a.i for a in node.attribute if a.name == "to"), None)
-        if node.op_type == "Cast" and list(node.input) == [source] and to == TensorProto.INT32:
+        if (
+            node.op_type == "Cast"
+            and list(node.input) == [source]
+            and model.get_node_attribute(node, "to") == TensorProto.INT32
+        ):
             return node.output[0]
     taken = {name for n in model.nodes() for name in n.output} | {i.name for i in model.model.graph.input}
     name, index = f"{source}_int32", 0
