@@ -82,7 +82,8 @@ def _mask(model, where, output_name_to_node):
 def _layer(model, softmax, input_name_to_nodes, output_name_to_node) -> dict | None:
     """What one layer's fusion needs, or None where the layer is not the pattern of the module docstring."""
     axis = model.get_node_attribute(softmax, "axis")
-    axis = -1 if axis is None else axis
+    if axis is None:  # Softmax before opset 13 defaults to axis 1, over the flattened trailing dimensions
+        axis = -1 if model.get_opset_version() >= 13 else 1
     where = model.match_parent_path(softmax, ["Where", "MatMul"], [0, 2], output_name_to_node)
     consumers = input_name_to_nodes.get(softmax.output[0], [])
     if axis not in (-1, 3) or where is None or len(consumers) != 1 or consumers[0].op_type != "MatMul":
