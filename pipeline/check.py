@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.architectures import architecture_of
 from pipeline.manifest import Manifest
+from pipeline.passes.fusions import fused_passes
 from pipeline.recipes import checked_target
 from pipeline.stages import checkpoint
 
@@ -51,9 +52,7 @@ def check(model: str | Path, target: str = "native") -> dict:
     for candidate in spec.family_candidates(arch.family):
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         candidates.append({"name": candidate.name, "buildable": not missing, "missing_flags": missing})
-    passes = f"onnxruntime {arch.ort_model_type} fusions" if arch.ort_model_type else "generic passes only"
-    if arch.ort_model_type and arch.attention_fusion:
-        passes += f", then attention from its {arch.attention_fusion} layout"
+    passes = fused_passes(arch.ort_model_type, arch.attention_fusion) if arch.ort_model_type else "generic passes only"
     return {
         "model": info.path,
         "model_type": info.model_type,

@@ -163,12 +163,11 @@ def _packed_and_written(structure, graph: Path, target_file: Path, pack: bool) -
     return packed
 
 
-def _passes(config) -> str:
-    """What ran, in the report's words."""
-    if not (config.fusions and config.model_type):
-        return "generic"
-    own = f", then attention from its {config.attention_fusion} layout" if config.attention_fusion else ""
-    return f"onnxruntime {config.model_type} fusions{own}"
+def fused_passes(model_type: str, attention_fusion: str | None) -> str:
+    """The fusions that run for an ONNX Runtime optimizer model type and this project's attention fusion, in the
+    words of the report and of `pipeline check`."""
+    own = f", then attention from its {attention_fusion} layout" if attention_fusion else ""
+    return f"onnxruntime {model_type} fusions{own}"
 
 
 def fused_from_onnx(source: Path, config, out: Path) -> dict:
@@ -207,5 +206,7 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
         "fused": fused,
         "packed_matmuls": packed,
         "fused_without_weights": without_weights,
-        "passes": _passes(config),
+        "passes": fused_passes(config.model_type, config.attention_fusion)
+        if config.fusions and config.model_type
+        else "generic",
     }
