@@ -112,8 +112,9 @@ def _layer(model, softmax, input_name_to_nodes, output_name_to_node) -> dict | N
     merged = _dims(model, reshape[0].input[1], output_name_to_node)
     if len(merged) != 3 or merged[2] != q[3] * q[4]:  # (B, S, N*D)
         return None
+    nodes = [*q[0], *k[0], *v[0], *mask[0][:2], scaled[0], scores, where, softmax, context, tail[0], reshape[0]]
     return {
-        "nodes": [*q[0], *k[0], *v[0], *mask[0][:2], scaled[0], scores, where, softmax, context, tail[0], reshape[0]],
+        "nodes": nodes + _served_shapes(nodes, input_name_to_nodes),
         "x": q[0][-1].input[0],
         "weight": np.concatenate([q[1], k[1], v[1]], axis=1),
         "bias": np.concatenate([q[2], k[2], v[2]]),
@@ -126,16 +127,23 @@ def _layer(model, softmax, input_name_to_nodes, output_name_to_node) -> dict | N
     }
 
 
+def _served_shapes(nodes: list, input_name_to_nodes) -> list:
+    """The Shape nodes reading what `nodes` compute that only `nodes` read (the scores' Shape, which only the
+    mask's Expand reads): they go with the layer."""
+    inside = {id(n) for n in nodes}
+    return [
+        shape
+        for node in nodes
+        for name in node.output
+        for shape in input_name_to_nodes.get(name, [])
+        if shape.op_type == "Shape" and all(id(c) in inside for c in input_name_to_nodes.get(shape.output[0], []))
+    ]
+
+
 def _private(layer: dict, input_name_to_nodes, graph_outputs: set[str]) -> bool:
     """Whether nothing outside the layer's nodes reads what they compute (but for the layer's output), and none of
-    it is a graph output. The Shape of the scores, which only the mask's Expand reads, joins the layer's nodes."""
+    it is a graph output."""
     inside = {id(n) for n in layer["nodes"]}
-    for node in list(layer["nodes"]):
-        for name in node.output:
-            for shape in [c for c in input_name_to_nodes.get(name, []) if c.op_type == "Shape"]:
-                if all(id(c) in inside for c in input_name_to_nodes.get(shape.output[0], [])):
-                    layer["nodes"].append(shape)
-                    inside.add(id(shape))
     for node in layer["nodes"]:
         for name in node.output:
             if name == layer["output"]:
