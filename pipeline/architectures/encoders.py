@@ -17,7 +17,8 @@ ENCODERS = (
     # ORT's FusionAttention matches DistilBERT's layer, then reads the mask value from the wrong node and gives up.
     Architecture("distilbert", "encoder", ort_model_type="bert", attention_fusion="where-mask"),
     Architecture("electra", "encoder", ort_model_type="bert"),
-    Architecture("albert", "encoder", ort_model_type="bert"),
+    # ORT's FusionAttention misses ALBERT's first layer, whose residual (the embedding projection) is the first input.
+    Architecture("albert", "encoder", ort_model_type="bert", attention_fusion="residual-first"),
     # Relative-position (MPNet), disentangled (DeBERTa-v2) and rotary local/global (ModernBERT) attention have no
     # fused kernel in ONNX Runtime's optimizer: they get the generic passes.
     Architecture("mpnet", "encoder", position_offset=2),

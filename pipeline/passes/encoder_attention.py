@@ -1,6 +1,11 @@
-"""attention_from_where_mask: an encoder's self-attention, masked with Where, fused into ONNX Runtime's Attention
-contrib op, for the families whose attention ONNX Runtime's optimizer finds but does not fuse (DistilBERT: its
-FusionAttention matches the layer, then reads the mask's fill value from the wrong node and gives up).
+"""Encoder attention that ONNX Runtime's optimizer finds but does not fuse, fused into its Attention contrib op:
+
+- attention_from_where_mask: self-attention masked with Where (DistilBERT: ONNX Runtime's FusionAttention matches
+  the layer, then reads the mask's fill value from the wrong node and gives up), fused here;
+- attention_from_residual_first: a layer whose residual comes first in its sum (ALBERT's first layer), put in the
+  order ONNX Runtime's fusion follows, which then fuses it.
+
+attention_from_where_mask, per layer: the export computes
 
 Per layer, the export computes
 
@@ -202,5 +207,43 @@ def attention_from_where_mask(model) -> int:
     return fused
 
 
+# ONNX Runtime's attention fusion walks up from a SkipLayerNormalization through this path, taking at each step the
+# first input of the op type it wants: the attention output projection's bias Add, its MatMul, the head merge.
+_ATTENTION_OUTPUT = (["MatMul", "Reshape", "Transpose", "MatMul"], [None, 0, 0, 0])
+
+
+def attention_from_residual_first(model) -> int:
+    """Attention of a layer whose residual is a projection's output, fused by ONNX Runtime's own fusion (`model`
+    is the BertOnnxModel its optimizer returned); returns the Attention nodes added.
+
+    ALBERT's first layer adds its attention output to the embedding projection (a MatMul and a bias Add) with the
+    residual as the first input. ONNX Runtime's fusion follows the first Add parent of the SkipLayerNormalization,
+    the residual's, and gives up; the later layers' residual is a SkipLayerNormalization, so they fuse. Where a
+    SkipLayerNormalization's second input is the attention output's Add and its first is another Add, the two are
+    swapped (the op adds them: the same sum, both of the hidden states' shape) and the fusion runs again."""
+    before = len(model.get_nodes_by_op_type("Attention"))
+    producers = model.output_name_to_node()
+    swapped = 0
+    for node in model.get_nodes_by_op_type("SkipLayerNormalization"):
+        first, second = (producers.get(name) for name in node.input[:2])
+        if first is None or second is None or first.op_type != "Add" or second.op_type != "Add":
+            continue
+        if model.match_parent_path(second, *_ATTENTION_OUTPUT, producers) is None:
+            continue
+        if model.match_parent_path(first, *_ATTENTION_OUTPUT, producers) is not None:
+            continue
+        node.input[0], node.input[1] = node.input[1], node.input[0]
+        swapped += 1
+    if not swapped:
+        return 0
+    # A fresh fusion of the optimizer's own class: the one it ran still holds the nodes it added and removed.
+    fusion = type(model.attention_fusion)(model, model.hidden_size, model.num_heads, model.attention_mask)
+    fusion.apply()
+    model.fuse_add_bias_skip_layer_norm()
+    model.prune_graph(allow_remove_graph_inputs=False)
+    model.topological_sort()
+    return len(model.get_nodes_by_op_type("Attention")) - before
+
+
 # The layouts an architecture record's `attention_fusion` names.
-FUSIONS = {"where-mask": attention_from_where_mask}
+FUSIONS = {"where-mask": attention_from_where_mask, "residual-first": attention_from_residual_first}

@@ -1,5 +1,7 @@
 """attention_from_where_mask: DistilBERT's Where-masked attention, which ONNX Runtime's optimizer leaves decomposed,
-becomes one Attention node a layer with the outputs of the decomposed graph; a layer that differs is left alone."""
+becomes one Attention node a layer with the outputs of the decomposed graph; a layer that differs is left alone.
+attention_from_residual_first: ALBERT's first layer, which ONNX Runtime's optimizer leaves decomposed, is fused by
+it once its residual sum is reordered."""
 
 import numpy as np
 import onnx
@@ -9,7 +11,7 @@ from onnx import numpy_helper
 from onnxruntime.transformers.onnx_model import OnnxModel
 
 from pipeline.manifest import Manifest
-from pipeline.passes.encoder_attention import attention_from_where_mask
+from pipeline.passes.encoder_attention import attention_from_residual_first, attention_from_where_mask
 from pipeline.passes.fusions import fused_from_onnx
 from pipeline.stages import checkpoint, export
 from pipeline.stages.optimize import OptimizeConfig
@@ -21,23 +23,28 @@ from .conftest import op_counts
 LAYERS = 2  # the tiny checkpoint's depth
 
 
-@pytest.fixture(scope="module")
-def optimized(tmp_path_factory) -> dict:
-    """The tiny DistilBERT's export optimized by ONNX Runtime's BERT fusions, without and with this pass."""
-    tmp = tmp_path_factory.mktemp("distilbert")
-    manifest = Manifest("m", str(make_checkpoint(tmp / "ckpt", "distilbert")), str(tmp / "cache"), "", "", "")
+def _optimized(tmp, model_type: str, layout: str) -> dict:
+    """The tiny `model_type`'s export optimized by ONNX Runtime's BERT fusions, without and with `layout`'s pass:
+    {layout: (graph file, the optimize metrics)}."""
+    manifest = Manifest("m", str(make_checkpoint(tmp / "ckpt", model_type)), str(tmp / "cache"), "", "", "")
     for stage in (checkpoint.run, export.run):
         manifest = stage(manifest, load_target("cpu-avx2"))
     graphs = {}
-    for layout in ("", "where-mask"):
-        out = tmp / (layout or "ort")
+    for fusion in ("", layout):
+        out = tmp / (fusion or "ort")
         out.mkdir()
-        config = OptimizeConfig(fusions=True, level=2, model_type="bert", packed=False, attention_fusion=layout)
-        graphs[layout] = (
+        config = OptimizeConfig(fusions=True, level=2, model_type="bert", packed=False, attention_fusion=fusion)
+        graphs[fusion] = (
             out / "model.onnx",
             fused_from_onnx(manifest.stage("export").output("model.onnx"), config, out),
         )
     return graphs
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory) -> dict:
+    """The tiny DistilBERT, without and with the where-mask pass."""
+    return _optimized(tmp_path_factory.mktemp("distilbert"), "distilbert", "where-mask")
 
 
 def _feeds(batch: int = 3, length: int = 11) -> dict:
@@ -50,7 +57,10 @@ def _feeds(batch: int = 3, length: int = 11) -> dict:
 
 def _run(model, feeds: dict) -> np.ndarray:
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in session.get_inputs()}
+    zeros = {"token_type_ids": np.zeros_like(feeds["input_ids"])}  # segment ids, where the graph takes them
+    return session.run(None, {k: v for k, v in {**zeros, **feeds}.items() if k in inputs})[0]
 
 
 def test_each_layer_becomes_one_attention_node_with_the_decomposed_graphs_outputs(optimized):
@@ -107,3 +117,34 @@ def test_a_layer_that_differs_from_the_pattern_is_left_decomposed(change, optimi
     assert not any(n.op_type == "Attention" for n in model.graph.node)
     if before is not None:  # the opset-11 graph is not run: its other nodes are of later opsets
         np.testing.assert_array_equal(_run(model, _feeds()), before)
+
+
+def test_albert_first_layer_is_fused_once_its_residual_comes_second(tmp_path_factory):
+    graphs = _optimized(tmp_path_factory.mktemp("albert"), "albert", "residual-first")
+    (plain, plain_metrics), (fused, metrics) = graphs[""], graphs["residual-first"]
+    assert plain_metrics["fused"]["Attention"] == op_counts(plain)["Attention"] == LAYERS - 1  # ORT's alone
+    assert op_counts(plain)["Softmax"] == 1
+    assert metrics["fused"]["Attention"] == op_counts(fused)["Attention"] == LAYERS and "Softmax" not in op_counts(
+        fused
+    )
+    assert metrics["passes"] == "onnxruntime bert fusions, then attention from its residual-first layout"
+    feeds = _feeds()
+    got = _run(fused, feeds)
+    np.testing.assert_allclose(got, _run(plain, feeds), atol=1e-5)
+    alone = _run(fused, {name: array[1:2, :7] for name, array in feeds.items()})
+    np.testing.assert_allclose(alone[0], got[1], atol=1e-5)
+
+
+def test_a_model_whose_attention_output_comes_first_is_left_as_it_is(tmp_path):
+    """BERT adds its attention output first: ONNX Runtime fused every layer, and the pass changes nothing."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    manifest = Manifest("m", str(make_checkpoint(tmp_path / "ckpt", "bert")), str(tmp_path / "cache"), "", "", "")
+    for stage in (checkpoint.run, export.run):
+        manifest = stage(manifest, load_target("cpu-avx2"))
+    model = optimize_model(
+        str(manifest.stage("export").output("model.onnx")), model_type="bert", num_heads=0, hidden_size=0
+    )
+    before = model.model.SerializeToString()
+    assert len(model.get_nodes_by_op_type("Attention")) == LAYERS
+    assert attention_from_residual_first(model) == 0 and model.model.SerializeToString() == before
