@@ -52,17 +52,27 @@ def _weight(w: np.ndarray, per_channel: bool, reduce_range: bool, signed: bool) 
 
 
 def _integer_product(a: np.ndarray, b: np.ndarray, saturate: bool) -> np.ndarray:
-    """a @ b of integer codes; with `saturate`, as AVX2's u8 x s8 kernel sums: adjacent pairs of products in
-    16 bits, saturating, then in 32 bits."""
+    """a @ b of integer codes, in float64 and exact; with `saturate`, as AVX2's u8 x s8 kernel sums: adjacent
+    pairs of products in 16 bits, saturating, then in 32 bits."""
     if not saturate:
-        # In float64, through BLAS: exact, as every partial sum of 8-bit codes is an integer far below 2**53.
-        # numpy's integer matmul has no BLAS: it took 46 s of all-mpnet-base-v2's 95 s int8 fallback.
+        # Through BLAS: every partial sum of 8-bit codes is an integer far below 2**53. numpy's integer matmul
+        # has no BLAS: it took 46 s of all-mpnet-base-v2's 95 s int8 fallback.
         return a.astype(np.float64) @ b.astype(np.float64)
-    a, b = a.astype(np.int32), b.astype(np.int32)
     if a.shape[1] % 2:
         a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 1), (0, 0)))
-    pairs = a[:, 0::2, None] * b[None, 0::2, :] + a[:, 1::2, None] * b[None, 1::2, :]
-    return np.clip(pairs, -32768, 32767).sum(axis=1)
+    # A row at a time, in float32 (a pair's sum is below 2**17, exact) and in place: 3 to 12 times faster than
+    # the whole (rows, pairs, columns) array at once.
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    even, odd = np.ascontiguousarray(b[0::2]), np.ascontiguousarray(b[1::2])
+    pairs, other = np.empty_like(even), np.empty_like(even)
+    out = np.empty((a.shape[0], b.shape[1]))
+    for index, row in enumerate(a):
+        np.multiply(row[0::2, None], even, out=pairs)
+        np.multiply(row[1::2, None], odd, out=other)
+        pairs += other
+        np.clip(pairs, -32768, 32767, out=pairs)
+        out[index] = pairs.sum(axis=0, dtype=np.float64)
+    return out
 
 
 def _rounded_product(x: np.ndarray, rows: np.ndarray, weight: tuple, saturate: bool) -> np.ndarray:

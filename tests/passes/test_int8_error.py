@@ -76,3 +76,23 @@ def test_simulated_error_matches_onnx_runtime_per_channel_and_reduced_range(tmp_
     for name, error in simulated.items():
         real = np.linalg.norm(rounded[f"y_{name}"] - exact[f"y_{name}"]) / np.linalg.norm(exact[f"y_{name}"])
         assert abs(error - real) < 0.1 * real, (name, error, real)
+
+
+@pytest.mark.parametrize("saturate", [True, False])
+def test_integer_products_sum_as_the_kernels_do_whatever_the_host(saturate):
+    """Both sums, on every host: AVX2's 16-bit pair sums saturate (255 * 127 twice is past 32767), VNNI's 32-bit
+    ones do not; an odd inner size pads one zero."""
+    from pipeline.passes.int8_error import _integer_product
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 256, (4, 7)), rng.integers(-127, 128, (7, 5))
+    a[0], b[:, 0] = 255, 127  # row 0 x column 0: three saturated pairs and one lone product
+    want = np.zeros((4, 5))
+    for i in range(4):
+        for j in range(5):
+            products = [int(a[i, k]) * int(b[k, j]) for k in range(7)] + [0]
+            pairs = [products[k] + products[k + 1] for k in range(0, 8, 2)]
+            want[i, j] = sum(min(max(p, -32768), 32767) for p in pairs) if saturate else sum(products)
+    got = _integer_product(a, b, saturate)
+    assert np.array_equal(got, want)
+    assert (got[0, 0] == 3 * 32767 + 255 * 127) == saturate
