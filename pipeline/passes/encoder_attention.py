@@ -5,9 +5,7 @@
 - attention_from_residual_first: a layer whose residual comes first in its sum (ALBERT's first layer), put in the
   order ONNX Runtime's fusion follows, which then fuses it.
 
-attention_from_where_mask, per layer: the export computes
-
-Per layer, the export computes
+attention_from_where_mask: per layer, the export computes
 
     x -> MatMul(Wq) + bq -> Reshape(B, S, N, D) -> Transpose(0,2,1,3) -> Div(sqrt(D)) --+
     x -> MatMul(Wk) + bk -> Reshape(B, S, N, D) -> Transpose(0,2,3,1) -------------------+-> MatMul -> scores
