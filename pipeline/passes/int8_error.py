@@ -84,7 +84,9 @@ def _rounded_product(x: np.ndarray, rows: np.ndarray, weight: tuple, saturate: b
     raw = _integer_product(xq, wq, saturate)
     # (xq - xz)(wq - wz) = xq wq - xz colsum(wq) - wz rowsum(xq) + K xz wz
     k = wq.shape[0]
-    exact = raw - x_zero * wq.sum(0) - w_zero * xq.sum(1, keepdims=True) + k * x_zero * w_zero
+    # The sums in float64: in float32, x_zero * colsum(wq) passes 2**24 and rounds.
+    exact = raw - x_zero * wq.sum(0, dtype=np.float64) - w_zero * xq.sum(1, keepdims=True, dtype=np.float64)
+    exact += k * x_zero * w_zero
     return exact * x_scale * w_scale
 
 

@@ -48,7 +48,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 from pipeline.timing import NO_SPINNING, latency
 
-VERSION = 6
+VERSION = 7
 
 
 @dataclasses.dataclass(frozen=True)

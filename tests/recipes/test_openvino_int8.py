@@ -23,16 +23,35 @@ from pipeline.stages.candidates import CannotWin
 from pipeline.targets import load_target
 
 from ..conftest import CALIBRATION_TEXTS, SMALL_TEXTS
+from ..tiny import make_checkpoint
 
 ov = pytest.importorskip("openvino")
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_bert, texts_file, calibration_file, tmp_path_factory):
-    """The tiny BERT's plain export as an OpenVINO model, and one feed per calibration text."""
+def biased_bert(tmp_path_factory):
+    """A tiny BERT whose linear layers have random biases: a random BERT's are zero, OpenVINO drops a zero bias,
+    and NNCF's bias correction would have nothing to correct."""
+    import torch
+    import transformers
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("biased") / "tiny-bert")
+    model = transformers.AutoModel.from_pretrained(folder)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias") and "LayerNorm" not in name:
+                parameter.normal_(0, 0.05)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def plain(biased_bert, texts_file, calibration_file, tmp_path_factory):
+    """The tiny BERT's plain export (with biases) as an OpenVINO model, and one feed per calibration text."""
     target = load_target("cpu-avx2")
     cache = tmp_path_factory.mktemp("nncf") / "cache"
-    manifest = Manifest("tiny", str(tiny_bert), str(cache), "", str(texts_file), str(calibration_file))
+    manifest = Manifest("tiny", str(biased_bert), str(cache), "", str(texts_file), str(calibration_file))
     for stage in (checkpoint.run, export.run):
         manifest = stage(manifest, target)
     onnx_path = manifest.stage("export").output("model.onnx")
@@ -56,6 +75,13 @@ def test_kinds_group_each_layers_matmuls_and_the_ranking_covers_the_quantized_on
     assert not _int8_kinds(model)  # quantizing works on a copy
 
 
+def _bias(model, matmul: str) -> np.ndarray:
+    """The constant of the Add after the MatMul named `matmul` in `model`."""
+    op = next(o for o in model.get_ops() if o.get_friendly_name() == matmul)
+    add = next(u.get_node() for u in op.output(0).get_target_inputs())
+    return next(v.get_node().get_data() for v in add.input_values() if v.get_node().get_type_name() == "Constant")
+
+
 def test_a_form_with_kinds_kept_is_what_nncf_ignoring_them_gives(plain):
     """Bypassing the kept MatMuls' quantizers in the one quantized model gives NNCF's own model with those
     MatMuls in its ignored scope: the same int8 MatMuls, and the same outputs."""
@@ -65,6 +91,8 @@ def test_a_form_with_kinds_kept_is_what_nncf_ignoring_them_gives(plain):
     quantized = nncf_int8(model, feeds)
     kinds, ranking = matmul_kinds(model), kind_ranking(kept_wide(quantized, model, []), feeds[:RANKING_FEEDS])
     kept = [name for kind in ranking[:2] for name in kinds[kind]]
+    # NNCF corrected the kept MatMuls' biases for their quantization: the form must not keep those corrections.
+    assert any(not np.array_equal(_bias(quantized, name), _bias(model, name)) for name in kept)
     ours = kept_wide(quantized, model, kept)
     with contextlib.redirect_stdout(io.StringIO()):
         theirs = nncf.quantize(
