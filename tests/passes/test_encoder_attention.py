@@ -23,21 +23,24 @@ from .conftest import op_counts
 LAYERS = 2  # the tiny checkpoint's depth
 
 
-def _optimized(tmp, model_type: str, layout: str) -> dict:
-    """The tiny `model_type`'s export optimized by ONNX Runtime's BERT fusions, without and with `layout`'s pass:
-    {layout: (graph file, the optimize metrics)}."""
+def _exported(tmp, model_type: str):
+    """The export stage's graph file of a tiny random `model_type` checkpoint made in `tmp`."""
     manifest = Manifest("m", str(make_checkpoint(tmp / "ckpt", model_type)), str(tmp / "cache"), "", "", "")
     for stage in (checkpoint.run, export.run):
         manifest = stage(manifest, load_target("cpu-avx2"))
+    return manifest.stage("export").output("model.onnx")
+
+
+def _optimized(tmp, model_type: str, layout: str) -> dict:
+    """The tiny `model_type`'s export optimized by ONNX Runtime's BERT fusions, without and with `layout`'s pass:
+    {layout: (graph file, the optimize metrics)}."""
+    source = _exported(tmp, model_type)
     graphs = {}
     for fusion in ("", layout):
         out = tmp / (fusion or "ort")
         out.mkdir()
         config = OptimizeConfig(fusions=True, level=2, model_type="bert", packed=False, attention_fusion=fusion)
-        graphs[fusion] = (
-            out / "model.onnx",
-            fused_from_onnx(manifest.stage("export").output("model.onnx"), config, out),
-        )
+        graphs[fusion] = (out / "model.onnx", fused_from_onnx(source, config, out))
     return graphs
 
 
@@ -139,12 +142,7 @@ def test_a_model_whose_attention_output_comes_first_is_left_as_it_is(tmp_path):
     """BERT adds its attention output first: ONNX Runtime fused every layer, and the pass changes nothing."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    manifest = Manifest("m", str(make_checkpoint(tmp_path / "ckpt", "bert")), str(tmp_path / "cache"), "", "", "")
-    for stage in (checkpoint.run, export.run):
-        manifest = stage(manifest, load_target("cpu-avx2"))
-    model = optimize_model(
-        str(manifest.stage("export").output("model.onnx")), model_type="bert", num_heads=0, hidden_size=0
-    )
+    model = optimize_model(str(_exported(tmp_path, "bert")), model_type="bert", num_heads=0, hidden_size=0)
     before = model.model.SerializeToString()
     assert len(model.get_nodes_by_op_type("Attention")) == LAYERS
     assert attention_from_residual_first(model) == 0 and model.model.SerializeToString() == before
