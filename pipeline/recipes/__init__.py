@@ -1,12 +1,13 @@
 """Candidate recipes: one per kind of [[candidates]] row, registered in one table (as Olive registers passes).
 
-    kind (engine, quantize)      recipe              families          precisions
-    onnxruntime, none            ort-fp32            encoder, decoder  fp32
-    onnxruntime, dynamic         ort-int8-dynamic    encoder           int8
-    onnxruntime, static          ort-int8-static     encoder           int8
-    openvino, none               openvino            encoder           fp32, bf16
-    openvino, nncf               openvino-int8       encoder           int8
-    onnxruntime, weight_only     weight-only         decoder           int8, int4
+    kind (engine, quantize)      recipe                 families          precisions
+    onnxruntime, none            ort-fp32               encoder, decoder  fp32
+    onnxruntime, dynamic         ort-int8-dynamic       encoder           int8
+    onnxruntime, static          ort-int8-static        encoder           int8
+    openvino, none               openvino               encoder           fp32, bf16
+    openvino, nncf               openvino-int8          encoder           int8
+    openvino, dynamic            openvino-int8-dynamic  encoder           int8
+    onnxruntime, weight_only     weight-only            decoder           int8, int4
 
 The searches look each candidate's recipe up here (`recipe_for`) and never branch on kind names; a target whose
 candidate has no recipe, or asks one for a family or precision it does not build, is refused when parsed
@@ -18,6 +19,7 @@ from __future__ import annotations
 from pipeline.errors import TargetError
 from pipeline.recipes.base import ROW_COLUMNS, Built, Job, Recipe
 from pipeline.recipes.openvino import OpenVino
+from pipeline.recipes.openvino_dynamic import OpenVinoDynamic
 from pipeline.recipes.openvino_int8 import OpenVinoInt8
 from pipeline.recipes.ort_fp32 import OrtFp32
 from pipeline.recipes.ort_int8 import OrtInt8
@@ -47,7 +49,9 @@ def registry(*recipes: Recipe) -> dict[tuple[str, str], Recipe]:
     return table
 
 
-RECIPES = registry(OrtFp32(), OrtInt8("dynamic"), OrtInt8("static"), OpenVino(), OpenVinoInt8(), WeightOnly())
+RECIPES = registry(
+    OrtFp32(), OrtInt8("dynamic"), OrtInt8("static"), OpenVino(), OpenVinoInt8(), OpenVinoDynamic(), WeightOnly()
+)
 
 
 def _kinds() -> str:

@@ -185,10 +185,11 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win
 
 
 def development_passes(job: Job, feeds: list):
-    """`passes(openvino_model)`: whether the model, compiled as the candidate runs, meets the target's development
-    gate on the development split (`feeds`, one text each, against `job.reference`): `development_gate` without
-    headroom. The search's held-out check stands behind it, and with ONNX Runtime's headroom (cosine min 0.997
-    for 0.99) MiniLM kept every MatMul kind out of int8."""
+    """`passes(openvino_model, session=None)`: whether the model, compiled as the candidate runs (with the artifact
+    `session` settings, where given), meets the target's development gate on the development split (`feeds`, one
+    text each, against `job.reference`): `development_gate` without headroom. The search's held-out check stands
+    behind it, and with ONNX Runtime's headroom (cosine min 0.997 for 0.99) MiniLM kept every MatMul kind out of
+    int8."""
     import openvino as ov
 
     from pipeline.metrics import compare, development_gate, failures
@@ -198,8 +199,8 @@ def development_passes(job: Job, feeds: list):
     metric = TASKS[job.manifest.checkpoint.task].metric
     gate = development_gate(job.target.accuracy, len(feeds))
 
-    def passes(model) -> bool:
-        compiled = ov.Core().compile_model(model, "CPU", compile_config({}))
+    def passes(model, session: dict | None = None) -> bool:
+        compiled = ov.Core().compile_model(model, "CPU", compile_config(session))
         got = np.concatenate([compiled(feed)[compiled.outputs[0]] for feed in feeds])
         return not failures(compare(metric, job.reference, got), gate)
 

@@ -61,6 +61,7 @@ _SETTINGS = {
     ("session", "execution_mode"): (lambda v: v in ("sequential", "parallel"), "sequential or parallel"),
     ("session", "allow_spinning"): (lambda v: isinstance(v, bool), "true or false"),
     ("session", "inference_precision"): (lambda v: v in ("f32", "bf16", "f16"), "f32, bf16 or f16"),
+    ("session", "dynamic_quantization_group_size"): (_count, "an int >= 0"),
     ("session", "streams"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("session", "split_min_rows"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("target_spec", "required_cpu_flags"): (_strings, "a list of strings"),

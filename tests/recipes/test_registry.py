@@ -23,6 +23,7 @@ CONFIG_FIELDS = {
     "ort-int8-static": {"settings"},
     "openvino": {"inference_precision"},
     "openvino-int8": {"inference_precision"},
+    "openvino-int8-dynamic": {"inference_precision", "group_sizes"},
     "weight-only": {"bits", "blocks", "block_size", "accuracy_level", "head_bits", "bisect_layers"},
 }
 
@@ -43,6 +44,7 @@ def test_every_kind_a_shipped_target_uses_has_a_recipe_for_its_family_and_precis
         "ort-int8-dynamic",
         "openvino",
         "openvino-int8",
+        "openvino-int8-dynamic",
         "weight-only",
     }
 
@@ -101,8 +103,8 @@ def test_a_rows_block_columns_are_filled_only_by_recipes_that_have_them():
     ("candidate", "message"),
     [
         (
-            {"engine": "openvino", "precision": "int8", "quantize": "dynamic"},
-            r"no recipe builds engine = 'openvino' with quantize = 'dynamic'; available: ort-fp32 .*openvino-int8",
+            {"engine": "openvino", "precision": "int8", "quantize": "static"},
+            r"no recipe builds engine = 'openvino' with quantize = 'static'; available: ort-fp32 .*openvino-int8",
         ),
         (
             {"engine": "onnxruntime", "precision": "int8", "quantize": "weight_only"},

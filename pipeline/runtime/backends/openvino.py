@@ -2,7 +2,8 @@
 (`pip install pipeline[openvino]`); it is imported only when an OpenVINO artifact is loaded.
 
 The artifact's session settings carry the compile config the build chose: the inference precision (f32, or bf16
-on hosts with AVX512-BF16 or AMX), the thread count and the streams (pipeline.runtime.streams).
+on hosts with AVX512-BF16 or AMX), the group size of the dynamic int8 activations of an int8-weight model, the
+thread count and the streams (pipeline.runtime.streams).
 
 With streams S > 1 the model is compiled twice: once as a single stream with every thread (a chunk that is not
 split runs on it), and once with NUM_STREAMS = S sharing those threads, for the halves of a split batch. One
@@ -39,6 +40,9 @@ def compile_config(session: dict | None) -> dict:
     precision = session.get("inference_precision")
     if precision:
         config["INFERENCE_PRECISION_HINT"] = precision
+    group = session.get("dynamic_quantization_group_size")
+    if group is not None:  # int8 activations quantized as they run (int8-compressed weights); 0 turns it off
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(group)
     threads = int(session.get("intra_op_threads", 0) or 0)
     if threads > 0:
         config["INFERENCE_NUM_THREADS"] = str(threads)
