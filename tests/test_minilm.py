@@ -38,6 +38,7 @@ def test_minilm_artifact_matches_sentence_transformers(minilm_build):
         "ort-fp32",
         "ort-int8-dynamic",
         "openvino-fp32",
+        "openvino-int8-dynamic",
         "openvino-int8",
     ]
     [chosen] = [r for r in search["candidates"] if r["chosen"]]

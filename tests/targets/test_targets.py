@@ -136,11 +136,12 @@ def test_target_from_toml_refuses_out_of_range_values_naming_the_key(tmp_path, k
 
 def test_target_candidates_parse_and_refuse_duplicates(tmp_path):
     target = load_target("cpu-avx2")
-    assert [c.engine for c in target.family_candidates("encoder")] == [
-        "onnxruntime",
-        "onnxruntime",
-        "openvino",
-        "openvino",
+    assert [(c.engine, c.quantize) for c in target.family_candidates("encoder")] == [
+        ("onnxruntime", "none"),
+        ("onnxruntime", "dynamic"),
+        ("openvino", "none"),
+        ("openvino", "dynamic"),
+        ("openvino", "nncf"),
     ]
     decoders = target.family_candidates("decoder")
     # A candidate without its own block size has the [quantize] one.
