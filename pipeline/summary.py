@@ -32,7 +32,8 @@ def candidate_table(search: dict) -> str:
     rows = search["candidates"]
     shapes = next((list(r["latency_ms"]) for r in rows if r.get("latency_ms")), [])
     columns = [(k, label) for k, label in _ACCURACY_COLUMNS if any(k in r for r in rows)] or _ACCURACY_COLUMNS[:1]
-    head = f"    {'candidate':<20} {'status':<8} " + " ".join(f"{label:>8}" for _, label in columns)
+    width = max([20] + [len(r["name"]) for r in rows])
+    head = f"    {'candidate':<{width}} {'status':<8} " + " ".join(f"{label:>8}" for _, label in columns)
     costs = any(row.get(k) is not None for row in rows for k in COST)
     lines = [head + " " + " ".join(f"{s + ' ms':>12}" for s in shapes) + (f" {'cost s':>8}" if costs else "")]
     for row in rows:
@@ -46,7 +47,7 @@ def candidate_table(search: dict) -> str:
             mark += f"  (bisected: {'no' if wide is None else wide} {row['bisect_layers']} layers at 8 bits pass)"
         if (row.get("held_out") or {}).get("status") == "missed":
             mark += f"  (missed on held-out text: {'; '.join(row['held_out']['missed'])})"
-        lines.append(f"    {row['name']:<20} {row['status']:<8} {scores} {times}{mark}")
+        lines.append(f"    {row['name']:<{width}} {row['status']:<8} {scores} {times}{mark}")
     return "\n".join(lines)
 
 
