@@ -16,6 +16,6 @@ def test_candidate_columns_line_up_with_a_name_longer_than_the_default_width():
     ]
     rows[1]["chosen"] = True
     lines = candidate_table({"candidates": rows}).splitlines()
-    status_at = {line.index(word) for line, word in zip(lines, ("status", "passed", "passed", "missed"))}
+    status_at = {line.index(word) for line, word in zip(lines, ("status", "passed", "passed", "missed"), strict=True)}
     assert len(status_at) == 1 and lines[2].endswith("<- chosen")
     assert lines[1].split()[:2] == ["ort-fp32", "passed"] and lines[2].split()[0] == "openvino-int8-dynamic-long"
