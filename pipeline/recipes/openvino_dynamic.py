@@ -89,14 +89,12 @@ class OpenVinoDynamic(Recipe):
         import openvino as ov
 
         from pipeline.manifest import candidate_model
-        from pipeline.recipes.openvino_int8 import development_passes
+        from pipeline.recipes.openvino_int8 import development_passes, split_feeds
 
         job.work.mkdir(parents=True)
         graph = job.work / "model.xml"
         ov.save_model(int8_weights(plain_export(job)), str(graph), compress_to_fp16=False)
-        probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
-        development = [probe.feeds(probe.encode([t])) for t in job.texts["development"]]
-        passes = development_passes(job, development)
+        passes = development_passes(job, *split_feeds(job, "development"))
         sessions = [session_for(size, config.inference_precision) for size in config.group_sizes]
 
         def could_win(session: dict) -> None:

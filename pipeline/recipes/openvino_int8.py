@@ -184,6 +184,14 @@ def int8_with_kinds_kept(model, calibration_feeds: list[dict], passes, could_win
     return built[chosen], record
 
 
+def split_feeds(job: Job, *splits: str) -> list[list[dict]]:
+    """For each of `splits` (keys of `job.texts`), one model feed a text, tokenized as the runtime does."""
+    from pipeline.manifest import candidate_model
+
+    probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
+    return [[probe.feeds(probe.encode([text])) for text in job.texts[split]] for split in splits]
+
+
 def development_passes(job: Job, feeds: list):
     """`passes(openvino_model, session=None)`: whether the model, compiled as the candidate runs (with the artifact
     `session` settings, where given), meets the target's development gate on the development split (`feeds`, one
@@ -232,12 +240,8 @@ class OpenVinoInt8(Recipe):
 
     def build(self, config: OpenVinoInt8Config, job: Job) -> Built:
         """The int8 IR in `job.work`, with the fallback's record."""
-        from pipeline.manifest import candidate_model
-
         job.work.mkdir(parents=True)
-        probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
-        calibration = [probe.feeds(probe.encode([t])) for t in job.texts["calibration"]]
-        development = [probe.feeds(probe.encode([t])) for t in job.texts["development"]]
+        calibration, development = split_feeds(job, "calibration", "development")
         screen = _screened(job, config.inference_precision) if job.could_win else None
         passes = development_passes(job, development)
         model, fallback = int8_with_kinds_kept(plain_export(job), calibration, passes, screen)
