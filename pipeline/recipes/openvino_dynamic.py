@@ -22,7 +22,7 @@ import logging
 
 from pipeline.console import silenced
 from pipeline.recipes.base import Built, Job, Recipe
-from pipeline.recipes.openvino import OV_PRECISION, plain_export
+from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
 
 GROUP_SIZES = (128, 64, 32)
 
@@ -86,21 +86,18 @@ class OpenVinoDynamic(Recipe):
 
     def build(self, config: OpenVinoDynamicConfig, job: Job) -> Built:
         """The weight-compressed IR in `job.work`, run at the group size the fallback chose."""
-        import openvino as ov
-
         from pipeline.manifest import candidate_model
         from pipeline.recipes.openvino_int8 import development_passes, split_feeds
 
         job.work.mkdir(parents=True)
-        graph = job.work / "model.xml"
-        ov.save_model(int8_weights(plain_export(job)), str(graph), compress_to_fp16=False)
+        compressed = int8_weights(plain_export(job))
+        graph = save_ir(compressed, job, config.inference_precision).graph
         passes = development_passes(job, *split_feeds(job, "development"))
         sessions = [session_for(size, config.inference_precision) for size in config.group_sizes]
 
         def could_win(session: dict) -> None:
             job.could_win(candidate_model(job.manifest, job.target, graph, "openvino", session))
 
-        compressed = ov.Core().read_model(str(graph))
         session, tries = finest_passing(sessions, lambda s: passes(compressed, s), could_win if job.could_win else None)
         fallback = {"group_size": session["dynamic_quantization_group_size"], "tries": tries}
         return Built(graph, "openvino", session, fallback)
