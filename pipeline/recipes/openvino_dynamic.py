@@ -10,7 +10,10 @@ this form reached 0.9974 at groups of 128, x1.46 faster than bf16 at batch 1 and
 Symmetric weights reached 0.9907 at the same speed.
 
 Larger groups are faster and coarser. The fallback tries GROUP_SIZES largest first and keeps the first with which
-the development split passes: a compile and one development pass a try, on one compressed model.
+the development split passes: a compile and one development pass a try, on one compressed model. The IR names the
+chosen group in its rt_info (`runtime_options`), which OpenVINO's compile reads where no config sets the property:
+a consumer that compiles the IR without our loader (Triton's OpenVINO backend, OpenVINO Model Server,
+benchmark_app) runs the validated group, not the CPU plugin's default of 32.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 from pipeline.console import silenced
 from pipeline.recipes.base import Built, Job, Recipe
 from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
+from pipeline.runtime.backends.openvino import GROUP_RT_INFO
 
 GROUP_SIZES = (128, 64, 32)
 
@@ -100,4 +104,6 @@ class OpenVinoDynamic(Recipe):
 
         session, tries = finest_passing(sessions, lambda s: passes(compressed, s), could_win if job.could_win else None)
         fallback = {"group_size": session["dynamic_quantization_group_size"], "tries": tries}
+        compressed.set_rt_info(str(fallback["group_size"]), GROUP_RT_INFO)
+        save_ir(compressed, job, config.inference_precision)  # again, now naming its group for any OpenVINO consumer
         return Built(graph, "openvino", session, fallback)

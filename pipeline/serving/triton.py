@@ -144,10 +144,53 @@ def _graph_model(artifact: Path, manifest: dict, name: str, out: Path, dims: lis
     config = {**_common(name, manifest, kind), **GRAPH_PLATFORMS[backend], **_graph_files(artifact, manifest, folder)}
     config["input"] = [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in manifest["model"]["inputs"]]
     config["output"] = [{"name": manifest["model"]["output"], "data_type": "TYPE_FP32", "dims": dims}]
+    parameters = _openvino_parameters(artifact, manifest) if backend == "openvino" else {}
     threads = manifest["session"].get("intra_op_threads") or 0
     if backend == "onnxruntime" and threads:
-        config["parameters"] = {"intra_op_thread_count": {"string_value": str(threads)}}
+        parameters["intra_op_thread_count"] = str(threads)
+    if parameters:
+        config["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
     return _write(folder, config)
+
+
+def pinned_precision(manifest: dict) -> bool:
+    """Whether Triton's OpenVINO backend can compile an OpenVINO artifact at the precision it was validated at:
+    its parameters pin bf16 (HINT_BF16) and nothing else, so f32 or f16 would run at the serving host's default."""
+    return manifest["backend"] != "openvino" or manifest["session"].get("inference_precision") in (None, "bf16")
+
+
+def _openvino_parameters(artifact: Path, manifest: dict) -> dict:
+    """The OpenVINO backend's parameters that compile the IR as the loader does (openvino_backend's
+    ParseParameters takes these four keys); the IR itself carries the dynamic int8 group (rt_info)."""
+    session = manifest["session"]
+    precision = session.get("inference_precision")
+    if not pinned_precision(manifest):
+        raise ServingError(
+            f"Triton's OpenVINO backend cannot pin this artifact's inference precision {precision} (its parameters "
+            "pin bf16 only), and OpenVINO runs bf16 by default on hosts with AVX512-BF16 or AMX, which the "
+            "artifact was not validated at; pass --variant python, which runs it through the loader at its precision"
+        )
+    group = session.get("dynamic_quantization_group_size")
+    if group is not None and _ir_group(artifact / manifest["graph"]) != group:
+        raise ServingError(
+            f"{artifact} runs dynamic int8 in groups of {group}, and its IR does not name that group for an "
+            "OpenVINO compile without our loader (it was built before the IR carried it); rebuild the artifact"
+        )
+    parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+    if precision == "bf16":
+        parameters["HINT_BF16"] = "YES"
+    threads = int(session.get("intra_op_threads") or 0)
+    if threads:
+        parameters["INFERENCE_NUM_THREADS"] = str(threads)
+    return parameters
+
+
+def _ir_group(xml: Path) -> int | None:
+    """The dynamic int8 group size an OpenVINO IR names in its rt_info, or None."""
+    from pipeline.runtime.backends.openvino import GROUP_RT_INFO, openvino_core
+
+    model = openvino_core().read_model(str(xml))
+    return model.get_rt_info(GROUP_RT_INFO).astype(int) if model.has_rt_info(GROUP_RT_INFO) else None
 
 
 def _python_model(name: str, manifest: dict, out: Path, source: str, python_env: str | None, io: dict) -> Path:
@@ -292,13 +335,14 @@ def repository_from_artifact(
 ) -> list[Path]:
     """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty, outside every
     artifact); returns the config.pbtxt paths written. `name`: the graph model's name and folder, of Triton's
-    characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact's kind
-    takes)."""
+    characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact takes;
+    python alone for a decoder, or for an OpenVINO artifact at a precision Triton's OpenVINO backend cannot pin)."""
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
     artifact = artifact.resolve()
     task = manifest["model"]["task"]
-    variants = tuple(variants or (("python",) if task == "text-generation" else VARIANTS))
+    takes_graph = task != "text-generation" and pinned_precision(manifest)
+    variants = tuple(variants or (VARIANTS if takes_graph else ("python",)))
     check_kind(manifest, variants)
     out = Path(out_dir)
     _check_out_dir(out)

@@ -9,7 +9,7 @@ import pytest
 from pipeline.errors import ArtifactError
 from pipeline.recipes.openvino_dynamic import GROUP_SIZES, finest_passing, int8_weights, session_for
 from pipeline.runtime import load
-from pipeline.runtime.backends.openvino import compile_config
+from pipeline.runtime.backends.openvino import GROUP_RT_INFO, compile_config
 
 from ..conftest import SMALL_TEXTS, write_target
 from ..stages.conftest import build_into
@@ -85,7 +85,10 @@ def test_the_artifact_runs_int8_weights_at_its_group_size_and_matches_pytorch(dy
     assert row["fallback"]["tries"][-1] == {"group_size": group, "passed": True}
     model = load(folder)
     assert int(model.session.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
-    assert _weight_types(ov.Core().read_model(f"{folder}/model.xml")) == {"u8"}
+    ir = ov.Core().read_model(f"{folder}/model.xml")
+    assert _weight_types(ir) == {"u8"}
+    assert ir.get_rt_info(GROUP_RT_INFO).astype(int) == group  # what a compile without our config runs
+    assert int(ov.Core().compile_model(ir, "CPU").get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
     expected = pytorch_outputs(checkpoint_from_source(published["source"]), SMALL_TEXTS)
     got = model.run(SMALL_TEXTS)
     cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)

@@ -20,6 +20,10 @@ from pathlib import Path
 
 from pipeline.errors import ArtifactError
 
+# Where an IR names the group of its dynamic int8 activations: OpenVINO's compile reads these runtime options of the
+# model's rt_info where no config sets the property (the loader's config sets it all the same).
+GROUP_RT_INFO = ["runtime_options", "DYNAMIC_QUANTIZATION_GROUP_SIZE"]
+
 
 def openvino_core():
     """An openvino.Core, or an ArtifactError naming the extra to install."""
