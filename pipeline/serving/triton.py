@@ -38,6 +38,8 @@ GRAPH_PLATFORMS = {
 # no dot (so never "." or ".."), nothing a shell or URL must escape.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
 VERSION_FOLDER = re.compile(r"v\d+")
+# The ONNX Runtime backend's optimization { graph { level } } by the session's level ("all" is its default).
+ORT_GRAPH_LEVELS = {"basic": -1, "extended": 1, "disabled": 2}
 
 
 def model_config_class():
@@ -144,13 +146,28 @@ def _graph_model(artifact: Path, manifest: dict, name: str, out: Path, dims: lis
     config = {**_common(name, manifest, kind), **GRAPH_PLATFORMS[backend], **_graph_files(artifact, manifest, folder)}
     config["input"] = [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in manifest["model"]["inputs"]]
     config["output"] = [{"name": manifest["model"]["output"], "data_type": "TYPE_FP32", "dims": dims}]
-    parameters = _openvino_parameters(artifact, manifest) if backend == "openvino" else {}
-    threads = manifest["session"].get("intra_op_threads") or 0
-    if backend == "onnxruntime" and threads:
-        parameters["intra_op_thread_count"] = str(threads)
+    parameters = {}
+    if backend == "openvino":
+        parameters = _openvino_parameters(artifact, manifest)
+    elif backend == "onnxruntime":
+        parameters = _onnxruntime_parameters(manifest["session"])
+        level = manifest["session"].get("graph_optimization_level", "all")
+        if level != "all":  # Triton's default
+            config["optimization"] = {"graph": {"level": ORT_GRAPH_LEVELS[level]}}
     if parameters:
         config["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
     return _write(folder, config)
+
+
+def _onnxruntime_parameters(session: dict) -> dict:
+    """The ONNX Runtime backend's parameters for the session settings the loader applies (threads, mode)."""
+    parameters = {}
+    for key, name in (("intra_op_threads", "intra_op_thread_count"), ("inter_op_threads", "inter_op_thread_count")):
+        if session.get(key):
+            parameters[name] = str(session[key])
+    if "execution_mode" in session:
+        parameters["execution_mode"] = "1" if session["execution_mode"] == "parallel" else "0"
+    return parameters
 
 
 def pinned_precision(manifest: dict) -> bool:

@@ -11,6 +11,7 @@ import pytest
 from pipeline.errors import InputError, ServingError
 from pipeline.runtime import load, verify_artifact
 from pipeline.serving.triton import (
+    _graph_model,
     _openvino_parameters,
     check_config,
     check_kind,
@@ -114,6 +115,19 @@ def test_export_refuses_an_out_dir_that_is_a_file(published, tmp_path):
     with pytest.raises(InputError, match="is a file, not a folder"):
         repository_from_artifact(published, file)
     assert file.read_text() == "mine"
+
+
+def test_an_onnxruntime_graph_carries_the_session_settings_the_loader_applies(published, tmp_path):
+    manifest = verify_artifact(published)
+    default = check_config(repository_from_artifact(published, tmp_path / "repo", variants=("graph",))[0])
+    assert default.parameters["intra_op_thread_count"].string_value == str(manifest["session"]["intra_op_threads"])
+    assert not default.HasField("optimization")  # level "all" is Triton's default
+    settings = {"intra_op_threads": 2, "inter_op_threads": 3, "execution_mode": "parallel"}
+    session = {**manifest["session"], **settings, "graph_optimization_level": "extended"}
+    config = check_config(_graph_model(published, {**manifest, "session": session}, "m", tmp_path / "other", [4]))
+    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    assert parameters == {"intra_op_thread_count": "2", "inter_op_thread_count": "3", "execution_mode": "1"}
+    assert config.optimization.graph.level == 1  # the backend's basic plus extended
 
 
 @pytest.fixture(scope="module")
