@@ -207,7 +207,8 @@ def _ir_group(xml: Path) -> int | None:
     from pipeline.runtime.backends.openvino import GROUP_RT_INFO, openvino_core
 
     model = openvino_core().read_model(str(xml))
-    return model.get_rt_info(GROUP_RT_INFO).astype(int) if model.has_rt_info(GROUP_RT_INFO) else None
+    value = model.get_rt_info(GROUP_RT_INFO).astype(str) if model.has_rt_info(GROUP_RT_INFO) else ""
+    return int(value) if value.isdigit() else None
 
 
 def _python_model(name: str, manifest: dict, out: Path, source: str, python_env: str | None, io: dict) -> Path:
