@@ -374,7 +374,10 @@ def export_triton(artifact, out_dir, name, variants, python_env) -> None:
     against Triton's schema."""
     from pipeline.serving.triton import repository_from_artifact
 
-    for path in repository_from_artifact(artifact, out_dir, name, tuple(variants) or None, python_env):
+    def notify(line: str) -> None:
+        click.echo(f"note: {line}")
+
+    for path in repository_from_artifact(artifact, out_dir, name, tuple(variants) or None, python_env, notify):
         click.echo(f"wrote {path}")
 
 

@@ -348,19 +348,41 @@ def _check_out_dir(out: Path) -> None:
         raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
 
 
+def default_variants(manifest: dict) -> tuple[tuple[str, ...], str | None]:
+    """The variants an export writes when none are asked for, and why it leaves the graph out (None: it does not)."""
+    if manifest["model"]["task"] == "text-generation":
+        return ("python",), "a decoder exports as its Python model only (a generation loop is not an ensemble)"
+    if not pinned_precision(manifest):
+        precision = manifest["session"].get("inference_precision")
+        return ("python",), (
+            f"the graph and ensemble are left out: Triton's OpenVINO backend cannot pin this artifact's {precision} "
+            "(OpenVINO runs bf16 by default on AVX512-BF16 and AMX hosts); the Python model runs it through the loader"
+        )
+    return VARIANTS, None
+
+
 def repository_from_artifact(
-    artifact, out_dir, name: str | None = None, variants: tuple[str, ...] | None = None, python_env: str | None = None
+    artifact,
+    out_dir,
+    name: str | None = None,
+    variants: tuple[str, ...] | None = None,
+    python_env: str | None = None,
+    notify=None,
 ) -> list[Path]:
     """Write a Triton model repository for a verified `artifact` into `out_dir` (new or empty, outside every
     artifact); returns the config.pbtxt paths written. `name`: the graph model's name and folder, of Triton's
     characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact takes;
-    python alone for a decoder, or for an OpenVINO artifact at a precision Triton's OpenVINO backend cannot pin)."""
+    python alone for a decoder, or for an OpenVINO artifact at a precision Triton's OpenVINO backend cannot pin).
+    `notify`, where given, is called with one line saying why the default left the graph out."""
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)
     artifact = artifact.resolve()
     task = manifest["model"]["task"]
-    takes_graph = task != "text-generation" and pinned_precision(manifest)
-    variants = tuple(variants or (VARIANTS if takes_graph else ("python",)))
+    if not variants:
+        variants, why = default_variants(manifest)
+        if why and notify:
+            notify(why)
+    variants = tuple(variants)
     check_kind(manifest, variants)
     out = Path(out_dir)
     _check_out_dir(out)

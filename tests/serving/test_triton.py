@@ -171,8 +171,10 @@ def test_an_openvino_graph_at_a_precision_triton_cannot_pin_is_refused(published
         repository_from_artifact(published_openvino, tmp_path / "graph", variants=("ensemble",))
     assert "\n" not in str(err.value) and "--variant python" in str(err.value)
     assert not (tmp_path / "graph").exists()
-    written = repository_from_artifact(published_openvino, tmp_path / "default")
-    assert [p.parent.name for p in written] == ["tiny-bert_python"]  # the default leaves the graph out
+    notes = []
+    written = repository_from_artifact(published_openvino, tmp_path / "default", notify=notes.append)
+    assert [p.parent.name for p in written] == ["tiny-bert_python"]  # the default leaves the graph out, and says so
+    assert len(notes) == 1 and "cannot pin this artifact's f32" in notes[0] and "\n" not in notes[0]
     grouped = {**manifest, "session": {"inference_precision": "bf16", "dynamic_quantization_group_size": 64}}
     with pytest.raises(ServingError, match="rebuild the artifact"):  # an IR that names no group
         _openvino_parameters(published_openvino, grouped)
