@@ -25,6 +25,7 @@ from pathlib import Path
 from pipeline.errors import ArtifactError, InputError, ServingError
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, verify_artifact
 from pipeline.runtime.engine_cache import engine_cache_dir
+from pipeline.serving.triton_settings import backend_settings, pinned_precision
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
@@ -38,8 +39,6 @@ GRAPH_PLATFORMS = {
 # no dot (so never "." or ".."), nothing a shell or URL must escape.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
 VERSION_FOLDER = re.compile(r"v\d+")
-# The ONNX Runtime backend's optimization { graph { level } } by the session's level ("all" is its default).
-ORT_GRAPH_LEVELS = {"basic": -1, "extended": 1, "disabled": 2}
 
 
 def model_config_class():
@@ -146,69 +145,7 @@ def _graph_model(artifact: Path, manifest: dict, name: str, out: Path, dims: lis
     config = {**_common(name, manifest, kind), **GRAPH_PLATFORMS[backend], **_graph_files(artifact, manifest, folder)}
     config["input"] = [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in manifest["model"]["inputs"]]
     config["output"] = [{"name": manifest["model"]["output"], "data_type": "TYPE_FP32", "dims": dims}]
-    parameters = {}
-    if backend == "openvino":
-        parameters = _openvino_parameters(artifact, manifest)
-    elif backend == "onnxruntime":
-        parameters = _onnxruntime_parameters(manifest["session"])
-        level = manifest["session"].get("graph_optimization_level", "all")
-        if level != "all":  # Triton's default
-            config["optimization"] = {"graph": {"level": ORT_GRAPH_LEVELS[level]}}
-    if parameters:
-        config["parameters"] = {key: {"string_value": value} for key, value in parameters.items()}
-    return _write(folder, config)
-
-
-def _onnxruntime_parameters(session: dict) -> dict:
-    """The ONNX Runtime backend's parameters for the session settings the loader applies (threads, mode)."""
-    parameters = {}
-    for key, name in (("intra_op_threads", "intra_op_thread_count"), ("inter_op_threads", "inter_op_thread_count")):
-        if session.get(key):
-            parameters[name] = str(session[key])
-    if "execution_mode" in session:
-        parameters["execution_mode"] = "1" if session["execution_mode"] == "parallel" else "0"
-    return parameters
-
-
-def pinned_precision(manifest: dict) -> bool:
-    """Whether Triton's OpenVINO backend can compile an OpenVINO artifact at the precision it was validated at:
-    its parameters pin bf16 (HINT_BF16) and nothing else, so f32 or f16 would run at the serving host's default."""
-    return manifest["backend"] != "openvino" or manifest["session"].get("inference_precision") in (None, "bf16")
-
-
-def _openvino_parameters(artifact: Path, manifest: dict) -> dict:
-    """The OpenVINO backend's parameters that compile the IR as the loader does (openvino_backend's
-    ParseParameters takes these four keys); the IR itself carries the dynamic int8 group (rt_info)."""
-    session = manifest["session"]
-    precision = session.get("inference_precision")
-    if not pinned_precision(manifest):
-        raise ServingError(
-            f"Triton's OpenVINO backend cannot pin this artifact's inference precision {precision} (its parameters "
-            "pin bf16 only), and OpenVINO runs bf16 by default on hosts with AVX512-BF16 or AMX, which the "
-            "artifact was not validated at; pass --variant python, which runs it through the loader at its precision"
-        )
-    group = session.get("dynamic_quantization_group_size")
-    if group is not None and _ir_group(artifact / manifest["graph"]) != group:
-        raise ServingError(
-            f"{artifact} runs dynamic int8 in groups of {group}, and its IR does not name that group for an "
-            "OpenVINO compile without our loader (it was built before the IR carried it); rebuild the artifact"
-        )
-    parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
-    if precision == "bf16":
-        parameters["HINT_BF16"] = "YES"
-    threads = int(session.get("intra_op_threads") or 0)
-    if threads:
-        parameters["INFERENCE_NUM_THREADS"] = str(threads)
-    return parameters
-
-
-def _ir_group(xml: Path) -> int | None:
-    """The dynamic int8 group size an OpenVINO IR names in its rt_info, or None."""
-    from pipeline.runtime.backends.openvino import GROUP_RT_INFO, openvino_core
-
-    model = openvino_core().read_model(str(xml))
-    value = model.get_rt_info(GROUP_RT_INFO).astype(str) if model.has_rt_info(GROUP_RT_INFO) else ""
-    return int(value) if value.isdigit() else None
+    return _write(folder, {**config, **backend_settings(artifact, manifest)})
 
 
 def _python_model(name: str, manifest: dict, out: Path, source: str, python_env: str | None, io: dict) -> Path:
