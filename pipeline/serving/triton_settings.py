@@ -54,29 +54,26 @@ def pinned_precision(manifest: dict) -> bool:
 
 
 def openvino_parameters(artifact: Path, manifest: dict) -> dict:
-    """The OpenVINO backend's parameters that compile the IR as the loader does; refuses a precision the backend
-    cannot pin, and an IR that does not name the session's dynamic int8 group."""
-    session = manifest["session"]
-    precision = session.get("inference_precision")
+    """The OpenVINO backend's parameters for the loader's compile config (`compile_config`): its precision as
+    HINT_BF16, its group left to the IR's rt_info, the rest as they are. Refuses a precision the backend cannot pin
+    and an IR that does not name the session's dynamic int8 group."""
+    from pipeline.runtime.backends.openvino import compile_config
+
+    config = compile_config(manifest["session"])
+    precision = config.pop("INFERENCE_PRECISION_HINT", None)
     if not pinned_precision(manifest):
         raise ServingError(
             f"Triton's OpenVINO backend cannot pin this artifact's inference precision {precision} (its parameters "
             "pin bf16 only), and OpenVINO runs bf16 by default on hosts with AVX512-BF16 or AMX, which the "
             "artifact was not validated at; pass --variant python, which runs it through the loader at its precision"
         )
-    group = session.get("dynamic_quantization_group_size")
-    if group is not None and ir_group(artifact / manifest["graph"]) != group:
+    group = config.pop("DYNAMIC_QUANTIZATION_GROUP_SIZE", None)
+    if group is not None and ir_group(artifact / manifest["graph"]) != int(group):
         raise ServingError(
             f"{artifact} runs dynamic int8 in groups of {group}, and its IR does not name that group for an "
             "OpenVINO compile without our loader (it was built before the IR carried it); rebuild the artifact"
         )
-    parameters = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
-    if precision == "bf16":
-        parameters["HINT_BF16"] = "YES"
-    threads = int(session.get("intra_op_threads") or 0)
-    if threads:
-        parameters["INFERENCE_NUM_THREADS"] = str(threads)
-    return parameters
+    return {**config, **({"HINT_BF16": "YES"} if precision == "bf16" else {})}
 
 
 def ir_group(xml: Path) -> int | None:
