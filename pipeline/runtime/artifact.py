@@ -198,8 +198,8 @@ def describe(path) -> dict:
     root = Path(path)
     if not root.exists():
         raise ArtifactError(f"no artifact at {root}; build one with `make build` or check the path")
-    manifest = verify_artifact(root)
     real = root.resolve()
+    manifest = verify_artifact(real)
     return {
         "path": str(real),
         "model_name": manifest["model_name"],

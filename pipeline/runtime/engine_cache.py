@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from pipeline.errors import ArtifactError
 from pipeline.runtime.artifact import sha256_file
 
 ENGINES_DIR = "engines"
+CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
 
 
 def engine_cache_key(compute_capability: str, tensorrt_version: str, profile_hash: str) -> str:
@@ -72,6 +74,29 @@ def write_engine(cache_dir: Path, name: str, plan: bytes, record: dict) -> dict:
     return record
 
 
+def cached_engines(cache_dir: Path, manifest: dict, graph: str) -> list[tuple[dict, Path]]:
+    """(record, plan path) of each engine of `graph` in the cache whose record names its own file, was built from
+    this artifact's graph and profiles, and gives a compute capability such as "8.6". Records that do not (damaged,
+    renamed, copied from another artifact, or naming a path) are skipped: a record's name becomes a file path. The
+    plans' hashes are not checked here."""
+    entries = []
+    for path in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else ():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (
+            isinstance(record, dict)
+            and record.get("name") == path.stem
+            and record.get("graph") == graph
+            and record.get("graph_sha256") == manifest["files"].get(graph)
+            and record.get("profile_hash") == manifest["engine"]["profile_hash"]
+            and CAPABILITY.fullmatch(str(record.get("compute_capability")))
+        ):
+            entries.append((record, cache_dir / f"{path.stem}.plan"))
+    return entries
+
+
 def find_engine(cache_dir: Path, manifest: dict, graph: str, host: dict) -> tuple[Path | None, list[dict]]:
     """The cached engine of `graph` for this host's GPU architecture and TensorRT version, checked against the
     artifact's graph and its own hash; else (None, the records of the engines cached for other hosts)."""
@@ -81,6 +106,8 @@ def find_engine(cache_dir: Path, manifest: dict, graph: str, host: dict) -> tupl
     if record_path.is_file():
         try:
             record = json.loads(record_path.read_text())
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
         except (OSError, ValueError) as err:
             raise ArtifactError(f"{record_path} is damaged ({err}); delete it and build the engine again") from None
         if record.get("graph_sha256") != manifest["files"].get(graph):
@@ -93,18 +120,13 @@ def find_engine(cache_dir: Path, manifest: dict, graph: str, host: dict) -> tupl
             raise ArtifactError(f"{plan} is missing or does not match its sha256 in {record_path.name}; rebuild it")
         check_engine(record, host["compute_capability"], host["tensorrt"])
         return plan, []
-    others = []
-    for path in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else ():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("graph") == graph and record.get("profile_hash") == profile_hash:
-            others.append(record)
+    others = [record for record, _ in cached_engines(cache_dir, manifest, graph)]
     # A hardware-compatible engine built on another Ampere-or-later GPU serves this one too.
     for record in others:
-        if runs_on(record, host["compute_capability"]) and record.get("tensorrt") == host["tensorrt"]:
-            return find_engine(cache_dir, manifest, graph, {**host, "compute_capability": record["compute_capability"]})
+        built_for = record["compute_capability"]
+        if built_for != host["compute_capability"] and runs_on(record, host["compute_capability"]):
+            if record.get("tensorrt") == host["tensorrt"]:
+                return find_engine(cache_dir, manifest, graph, {**host, "compute_capability": built_for})
     return None, others
 
 

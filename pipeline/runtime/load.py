@@ -124,7 +124,8 @@ def load(
     the int8 Q/DQ graph of a target that made one.
     """
     root = _check_arguments(path, strict, intra_op_threads, backend, graph)
-    manifest = verify_artifact(root)
+    real = root.resolve()  # once: a publisher may move `latest` while the files are hashed
+    manifest = verify_artifact(real)
     graph = graph or manifest["graph"]
     if graph not in artifact_graphs(manifest):
         raise InputError(f"{root} has no graph {graph!r}; its graphs: {', '.join(artifact_graphs(manifest))}")
@@ -134,7 +135,6 @@ def load(
     if backend not in ("auto", built_for) and not (built_for == "tensorrt" and backend == "onnxruntime"):
         raise InputError(f"load(backend={backend!r}): {root} is built for {built_for}; pass backend='auto'")
     session = session_settings(manifest, intra_op_threads)
-    real = root.resolve()
     check_host(manifest, strict)
     engine = None
     if built_for == "tensorrt" and backend != "onnxruntime" and providers is None:

@@ -23,8 +23,8 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError, ServingError
-from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, verify_artifact
-from pipeline.runtime.engine_cache import engine_cache_dir
+from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, sha256_file, verify_artifact
+from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
 from pipeline.serving.triton_settings import backend_settings, pinned_precision
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
@@ -121,14 +121,14 @@ def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
         return {"default_model_filename": manifest["graph"]}
     plans = {}
     cache = engine_cache_dir(artifact, manifest)
-    for record_path in sorted(cache.glob("*.json")) if cache.is_dir() else ():
-        record = json.loads(record_path.read_text())
-        if (
-            record.get("graph") == manifest["graph"]
-            and record.get("graph_sha256") == manifest["files"][record["graph"]]
-        ):
-            shutil.copyfile(cache / f"{record['name']}.plan", folder / "1" / f"{record['name']}.plan")
-            plans[record["compute_capability"]] = f"{record['name']}.plan"
+    for record, plan in cached_engines(cache, manifest, manifest["graph"]):
+        if plan.is_symlink() or not plan.is_file() or sha256_file(plan) != record.get("plan_sha256"):
+            raise ServingError(
+                f"{plan} is missing, a symlink, or does not match its sha256 in {plan.stem}.json; delete both and "
+                "build the engine again with `pipeline engine ARTIFACT`"
+            )
+        shutil.copyfile(plan, folder / "1" / plan.name)
+        plans[record["compute_capability"]] = plan.name
     if not plans:
         raise ServingError(
             f"{artifact} is a TensorRT artifact with no engine in its cache {cache}; build one on each GPU kind with "
@@ -311,9 +311,8 @@ def repository_from_artifact(
     characters (default: the artifact's). `variants`: graph, ensemble, python (default: all the artifact takes;
     python alone for a decoder, or for an OpenVINO artifact at a precision Triton's OpenVINO backend cannot pin).
     `notify`, where given, is called with one line saying why the default left the graph out."""
-    artifact = Path(artifact)
+    artifact = Path(artifact).resolve()  # once: the files copied are the files verified
     manifest = verify_artifact(artifact)
-    artifact = artifact.resolve()
     task = manifest["model"]["task"]
     if not variants:
         variants, why = default_variants(manifest)

@@ -291,7 +291,7 @@ def _record(published: dict, graph: str, host: dict, profile: dict, validation: 
 def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data: str | Path | None = None) -> Path:
     """Build one graph's engine of a published artifact on this GPU host, into its engine cache, validated against
     the artifact's graph on ONNX Runtime's CPU provider; returns the engine's path (an existing one is reused)."""
-    artifact = Path(artifact)
+    artifact = Path(artifact).resolve()  # once: the graph built from is the graph verified
     published = verify_artifact(artifact)
     engine = published.get("engine") or {}
     if engine.get("profiles") is None:
@@ -307,8 +307,7 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
     existing, _ = find_engine(cache_dir, published, graph, host)
     if existing is not None:
         return existing
-    real = artifact.resolve()
-    plan = engine_from_onnx(real / graph, engine["profiles"], settings, timing_cache_path(cache_dir, host))
+    plan = engine_from_onnx(artifact / graph, engine["profiles"], settings, timing_cache_path(cache_dir, host))
     name = engine_name(host["compute_capability"], host["tensorrt"], engine["profile_hash"], graph)
     scratch = cache_dir / f".{name}.validating.plan"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -317,13 +316,13 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
         texts = read_texts(data or DEFAULT_VALIDATION, "validation")
         metric = TASKS[published["model"]["task"]].metric
         batch = published["model"]["batch_size"]
-        reference_model = open_model(real / graph, real / "tokenizer.json", published["model"])
+        reference_model = open_model(artifact / graph, artifact / "tokenizer.json", published["model"])
         reference = outputs(reference_model, texts, metric, batch)
         accuracy = Accuracy(**published["target_spec"]["accuracy"])
         stats = validate_engine(
             scratch,
-            real / graph,
-            real / "tokenizer.json",
+            artifact / graph,
+            artifact / "tokenizer.json",
             published["model"],
             texts,
             reference,

@@ -8,7 +8,14 @@ import json
 import pytest
 
 from pipeline.errors import ArtifactError
-from pipeline.runtime.engine_cache import engine_cache_dir, engine_for_host, engine_name, find_engine, write_engine
+from pipeline.runtime.engine_cache import (
+    cached_engines,
+    engine_cache_dir,
+    engine_for_host,
+    engine_name,
+    find_engine,
+    write_engine,
+)
 
 GRAPH_SHA = "a" * 64
 MANIFEST = {"engine": {"profile_hash": "0123456789abcdef"}, "files": {"model.onnx": GRAPH_SHA}}
@@ -70,3 +77,19 @@ def test_find_engine_takes_a_hardware_compatible_engine_built_on_another_ampere(
     older = {"compute_capability": "7.5", "tensorrt": "10.3.0", "gpu": "T4"}
     plan, reason = engine_for_host(tmp_path, MANIFEST, "model.onnx", older)
     assert plan is None and "compute capability 7.5" in reason
+
+
+def test_records_that_do_not_name_their_own_file_or_a_capability_are_skipped_not_followed(tmp_path):
+    compatible = {**A100, "hardware_compatibility": "ampere_plus"}
+    record = {"graph": "model.onnx", "graph_sha256": GRAPH_SHA, "profile_hash": "0123456789abcdef", **compatible}
+    write_engine(tmp_path, "copied", b"plan bytes", record)  # this host's capability, under another file name
+    write_engine(tmp_path, "odd", b"plan bytes", {**record, "compute_capability": "eight"})
+    write_engine(tmp_path, "renamed", b"plan bytes", {**record, "compute_capability": "8.6"})
+    (tmp_path / "renamed.json").rename(tmp_path / "elsewhere.json")
+    assert cached_engines(tmp_path, MANIFEST, "model.onnx") == [
+        (json.loads((tmp_path / "copied.json").read_text()), tmp_path / "copied.plan")
+    ]
+    plan, others = find_engine(tmp_path, MANIFEST, "model.onnx", A100)  # once looked itself up again, forever
+    assert plan is None and [r["name"] for r in others] == ["copied"]
+    plan, reason = engine_for_host(tmp_path, MANIFEST, "model.onnx", H100)
+    assert plan is None and reason.startswith("no engine of model.onnx for this host (compute capability 9.0")

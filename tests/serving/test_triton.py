@@ -3,6 +3,7 @@ import os
 import socket
 import threading
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +165,38 @@ def test_triton_refuses_a_port_in_use(published, tmp_path):
         port = holder.getsockname()[1]
         with pytest.raises(ServingError, match=f"port {port} on 127.0.0.1 is in use"):
             LocalTriton(tmp_path, TRITON_ENV, http_port=port)
+
+
+def test_a_tensorrt_export_copies_only_verified_engines_and_refuses_a_changed_plan(
+    tiny_bert, texts_file, build_dirs, tmp_path
+):
+    from pipeline.build import build
+    from pipeline.runtime import EngineFallbackWarning
+    from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, write_engine
+
+    manifest = build(tiny_bert, "a100", validation=texts_file, calibration=texts_file, **build_dirs)
+    artifact = Path(manifest.published["path"])
+    published = verify_artifact(artifact)
+    cache, graph = engine_cache_dir(artifact, published), published["graph"]
+    record = {"graph": graph, "graph_sha256": published["files"][graph], "tensorrt": "10.3.0"}
+    record |= {"profile_hash": published["engine"]["profile_hash"], "compute_capability": "8.0"}
+    name = engine_name("8.0", "10.3.0", record["profile_hash"], graph)
+    write_engine(cache, name, b"plan bytes", record)
+    # A record whose name is a path: copied as it stood, it would read and write outside both folders.
+    write_engine(cache, "hostile", b"other plan", {**record, "compute_capability": "9.0"})
+    hostile = json.loads((cache / "hostile.json").read_text())
+    (cache / "hostile.json").write_text(json.dumps({**hostile, "name": os.path.relpath(tmp_path / "escaped", cache)}))
+    before = set(tmp_path.rglob("*"))
+    with pytest.warns(EngineFallbackWarning, match="TensorRT is not installed"):
+        [path] = repository_from_artifact(artifact, tmp_path / "repo", variants=("graph",))
+    config = check_config(path)
+    assert dict(config.cc_model_filenames) == {"8.0": f"{name}.plan"} == {"8.0": config.default_model_filename}
+    assert [p.name for p in (path.parent / "1").iterdir()] == [f"{name}.plan"]
+    assert {p for p in tmp_path.rglob("*") if p not in before} == set((tmp_path / "repo").rglob("*")) | {
+        path.parents[1]
+    }
+    (cache / f"{name}.plan").write_bytes(b"tampered")
+    with pytest.raises(ServingError, match=r"\.plan is missing, a symlink, or does not match its sha256") as err:
+        with pytest.warns(EngineFallbackWarning):
+            repository_from_artifact(artifact, tmp_path / "again", variants=("graph",))
+    assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
