@@ -54,6 +54,12 @@ def test_build_reuses_every_stage_and_version_when_nothing_changed(tiny_bert, te
     assert [r.name for r in again.stages if not r.reused] == ["checkpoint"]  # the digest is always recomputed
     assert again.published["reused"] and again.published["version"] == "v1"
     assert sorted(p.name for p in (build_dirs["artifacts_dir"] / "tiny-bert").glob("v*")) == ["v1"]
+    tokenizer = build_dirs["artifacts_dir"] / "tiny-bert" / "v1" / "cpu-avx2-dynamic" / "tokenizer.json"
+    tokenizer.chmod(0o644)
+    tokenizer.write_text(tokenizer.read_text().replace("[UNK]", "[UNKNOWN]"))  # damaged after publishing
+    repaired = _build(tiny_bert, texts_file, build_dirs)
+    assert not repaired.published["reused"] and repaired.published["version"] == "v2"
+    assert load(build_dirs["artifacts_dir"] / "tiny-bert" / "latest" / "cpu-avx2-dynamic").run(["ok"]).shape == (1, 32)
 
 
 def test_build_adds_version_and_moves_latest_when_target_changes(tiny_bert, texts_file, build_dirs, tmp_path):

@@ -25,7 +25,14 @@ from pipeline import faults
 from pipeline.cache import package_versions
 from pipeline.errors import ArtifactError
 from pipeline.manifest import Manifest, runtime_spec
-from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, canonical_json, manifest_digest, sha256_file
+from pipeline.runtime.artifact import (
+    MANIFEST_NAME,
+    MANIFEST_SCHEMA,
+    canonical_json,
+    manifest_digest,
+    sha256_file,
+    verify_artifact,
+)
 from pipeline.runtime.host import describe_host, kernel_class
 from pipeline.stages import engine
 from pipeline.store import (
@@ -145,10 +152,12 @@ def _model_spec(manifest: Manifest, content: dict) -> dict:
 
 
 def _existing(root: Path, target: str, content_id: str) -> str | None:
+    """The newest version already holding this content, intact: a damaged or tampered one is passed over, so the
+    build publishes a new version instead of pointing `latest` at files that no longer verify."""
     for _, version_dir in reversed(version_folders(root)):
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, ArtifactError):
             existing = json.loads((version_dir / target / MANIFEST_NAME).read_text())
-            if existing.get("content_id") == content_id:
+            if existing.get("content_id") == content_id and verify_artifact(version_dir / target):
                 return version_dir.name
     return None
 
