@@ -93,8 +93,16 @@ def test_load_refuses_symlink_pointing_outside(artifact_copy, tmp_path):
 
 def test_load_refuses_unlisted_file(artifact_copy):
     (artifact_copy / "extra.onnx").write_bytes(b"x")
-    with pytest.raises(ArtifactError, match=r"extra\.onnx is not listed in the manifest"):
+    with pytest.raises(ArtifactError, match=r"'extra\.onnx' is not listed in the manifest"):
         load(artifact_copy)
+
+
+@pytest.mark.parametrize("name", ["../model.onnx", "/etc/passwd", "a\nb", ".hidden", "x\x00y", ""])
+def test_load_refuses_a_listed_name_that_is_not_a_plain_file_name_in_one_line(artifact_copy, name):
+    edit_manifest(artifact_copy, lambda m: m["files"].update({name: "0" * 64}))
+    with pytest.raises(ArtifactError, match="which is not a plain file name") as err:
+        load(artifact_copy)
+    assert "\n" not in str(err.value) and "\x00" not in str(err.value)
 
 
 def test_load_refuses_missing_folder(tmp_path):
