@@ -7,8 +7,21 @@ import dataclasses
 
 from pipeline.recipes.base import Built, Job, Recipe
 
-# A candidate's precision as OpenVINO's inference precision hint; others run at OpenVINO's default.
+# A candidate's precision as OpenVINO's inference precision hint; others: see `inference_precision`.
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+
+
+def inference_precision(candidate) -> str | None:
+    """What a candidate's model runs its float ops at: the candidate's precision where it is one (fp32, bf16). An
+    int8 candidate's float remainder gets "f32" where that is this build host's default, so that a host whose
+    default is bf16 does not run in bf16 what was validated in f32; else None, OpenVINO's default (bf16 where the
+    CPU has it natively, f32 elsewhere), never less exact than what was validated."""
+    if candidate.precision in OV_PRECISION:
+        return OV_PRECISION[candidate.precision]
+    import openvino as ov
+
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    return "f32" if default == "f32" else None
 
 
 def plain_export(job: Job):
@@ -46,7 +59,7 @@ class OpenVino(Recipe):
 
     def config(self, candidate, target) -> OpenVinoConfig:
         """The candidate's precision as OpenVINO's inference precision."""
-        return OpenVinoConfig(OV_PRECISION.get(candidate.precision))
+        return OpenVinoConfig(inference_precision(candidate))
 
     def build(self, config: OpenVinoConfig, job: Job) -> Built:
         """The plain export as IR in `job.work`."""

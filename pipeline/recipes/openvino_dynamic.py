@@ -14,6 +14,11 @@ the development split passes: a compile and one development pass a try, on one c
 chosen group in its rt_info (`runtime_options`), which OpenVINO's compile reads where no config sets the property:
 a consumer that compiles the IR without our loader (Triton's OpenVINO backend, OpenVINO Model Server,
 benchmark_app) runs the validated group, not the CPU plugin's default of 32.
+
+OpenVINO quantizes the activations only where the CPU has VNNI (its CPU plugin's source; AVX-VNNI or
+AVX512-VNNI). Where the group changes nothing on the build host, the activations stayed f32 through the development
+pass, and the artifact pins the group to 0 (off): a host with VNNI then runs what was validated, not int8
+activations that no one checked.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import dataclasses
 import io
 import logging
 
+import numpy as np
+
 from pipeline.console import silenced
 from pipeline.recipes.base import Built, Job, Recipe
-from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
+from pipeline.recipes.openvino import inference_precision, plain_export, save_ir
 from pipeline.runtime.backends.openvino import GROUP_RT_INFO
 
 GROUP_SIZES = (128, 64, 32)
@@ -47,6 +54,22 @@ def session_for(group_size: int, inference_precision: str | None) -> dict:
     if inference_precision:
         session["inference_precision"] = inference_precision
     return session
+
+
+def quantizes_activations(model, feed: dict, inference_precision: str | None) -> bool:
+    """Whether this host's CPU plugin quantizes the activations of `model` (int8 weights) as it runs: its outputs
+    on `feed` differ between the finest group and none. (A group wider than a MatMul's input is no group at all:
+    the finest is the one that applies wherever any does.)"""
+    import openvino as ov
+
+    from pipeline.runtime.backends.openvino import compile_config
+
+    core = ov.Core()
+    outputs = [
+        core.compile_model(model, "CPU", compile_config(session_for(group, inference_precision)))(feed)[0]
+        for group in (GROUP_SIZES[-1], 0)
+    ]
+    return not np.array_equal(*outputs)
 
 
 def finest_passing(sessions: list[dict], passes, could_win=None) -> tuple[dict, list[dict]]:
@@ -85,8 +108,8 @@ class OpenVinoDynamic(Recipe):
     fallback = True
 
     def config(self, candidate, target) -> OpenVinoDynamicConfig:
-        """The candidate's precision as OpenVINO's inference precision, where it is one."""
-        return OpenVinoDynamicConfig(OV_PRECISION.get(candidate.precision))
+        """The inference precision of the float remainder (`inference_precision`)."""
+        return OpenVinoDynamicConfig(inference_precision(candidate))
 
     def build(self, config: OpenVinoDynamicConfig, job: Job) -> Built:
         """The weight-compressed IR in `job.work`, run at the group size the fallback chose."""
@@ -96,14 +119,21 @@ class OpenVinoDynamic(Recipe):
         job.work.mkdir(parents=True)
         compressed = int8_weights(plain_export(job))
         graph = save_ir(compressed, job, config.inference_precision).graph
-        passes = development_passes(job, *split_feeds(job, "development"))
-        sessions = [session_for(size, config.inference_precision) for size in config.group_sizes]
+        [feeds] = split_feeds(job, "development")
+        passes = development_passes(job, feeds)
+        longest = max(feeds, key=lambda feed: sum(np.size(value) for value in feed.values()))
+        sizes = config.group_sizes if quantizes_activations(compressed, longest, config.inference_precision) else (0,)
+        sessions = [session_for(size, config.inference_precision) for size in sizes]
 
         def could_win(session: dict) -> None:
             job.could_win(candidate_model(job.manifest, job.target, graph, "openvino", session))
 
         session, tries = finest_passing(sessions, lambda s: passes(compressed, s), could_win if job.could_win else None)
-        fallback = {"group_size": session["dynamic_quantization_group_size"], "tries": tries}
+        fallback = {
+            "group_size": session["dynamic_quantization_group_size"],
+            "tries": tries,
+            "int8_activations": sizes != (0,),
+        }
         compressed.set_rt_info(str(fallback["group_size"]), GROUP_RT_INFO)
         save_ir(compressed, job, config.inference_precision)  # again, now naming its group for any OpenVINO consumer
         return Built(graph, "openvino", session, fallback)

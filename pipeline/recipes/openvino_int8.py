@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline.console import silenced
 from pipeline.recipes.base import Built, Job, Recipe
-from pipeline.recipes.openvino import OV_PRECISION, plain_export, save_ir
+from pipeline.recipes.openvino import inference_precision, plain_export, save_ir
 
 RANKING_FEEDS = 16
 
@@ -217,7 +217,8 @@ def development_passes(job: Job, feeds: list):
 
 @dataclasses.dataclass(frozen=True)
 class OpenVinoInt8Config:
-    """OpenVINO's inference precision for what stays out of int8 (None: OpenVINO's default)."""
+    """OpenVINO's inference precision for what stays out of int8 (None: OpenVINO's default; see
+    `inference_precision`)."""
 
     inference_precision: str | None
 
@@ -235,8 +236,8 @@ class OpenVinoInt8(Recipe):
     fallback = True
 
     def config(self, candidate, target) -> OpenVinoInt8Config:
-        """The candidate's precision as OpenVINO's inference precision, where it is one."""
-        return OpenVinoInt8Config(OV_PRECISION.get(candidate.precision))
+        """The inference precision of the float remainder (`inference_precision`)."""
+        return OpenVinoInt8Config(inference_precision(candidate))
 
     def build(self, config: OpenVinoInt8Config, job: Job) -> Built:
         """The int8 IR in `job.work`, with the fallback's record."""

@@ -46,7 +46,7 @@ from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 17
+VERSION = 18
 SEQUENCE = 128
 
 

@@ -81,7 +81,9 @@ def test_the_artifact_runs_int8_weights_at_its_group_size_and_matches_pytorch(dy
     published = json.loads(open(f"{folder}/manifest.json").read())
     group = published["session"]["dynamic_quantization_group_size"]
     [row] = published["candidates"]
-    assert group in GROUP_SIZES and row["fallback"]["group_size"] == group and row["status"] == "passed"
+    # Where this host's plugin leaves the activations f32 (no VNNI), the artifact pins that: group 0.
+    assert group in (GROUP_SIZES if row["fallback"]["int8_activations"] else (0,))
+    assert row["fallback"]["group_size"] == group and row["status"] == "passed"
     assert row["fallback"]["tries"][-1] == {"group_size": group, "passed": True}
     model = load(folder)
     assert int(model.session.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group

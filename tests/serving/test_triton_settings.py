@@ -27,7 +27,8 @@ def test_an_onnxruntime_graph_carries_the_session_settings_the_loader_applies(pu
 
 @pytest.fixture(scope="module")
 def published_dynamic(tiny_bert, texts_file, calibration_file, tmp_path_factory) -> Path:
-    """The tiny BERT built for a target whose one candidate is openvino-int8-dynamic (no inference precision)."""
+    """The tiny BERT built for a target whose one candidate is openvino-int8-dynamic (its float remainder at
+    OpenVINO's default precision on this host)."""
     folder = tmp_path_factory.mktemp("published-dynamic")
     dynamic = [{"name": "openvino-int8-dynamic", "engine": "openvino", "precision": "int8", "quantize": "dynamic"}]
     target = write_target(folder, "ov-dynamic", "cpu-avx2", candidates=dynamic)
@@ -41,12 +42,19 @@ def _threads(count) -> dict:
 def test_an_openvino_graph_compiles_in_triton_as_the_loader_compiles_it(published_dynamic, tmp_path):
     ov = pytest.importorskip("openvino")
     manifest = verify_artifact(published_dynamic)
+    threads = manifest["session"].get("intra_op_threads")
+    bf16 = {**manifest, "session": {**manifest["session"], "inference_precision": "bf16", "intra_op_threads": 3}}
+    expected = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+    assert openvino_parameters(published_dynamic, bf16) == {**expected, "HINT_BF16": "YES", **_threads(3)}
+    if manifest["session"].get("inference_precision") == "f32":  # built where OpenVINO's default is f32: pinned
+        with pytest.raises(ServingError, match="cannot pin this artifact's inference precision f32"):
+            repository_from_artifact(published_dynamic, tmp_path / "repo", variants=("graph",))
+        pytest.skip("this host's OpenVINO default precision is f32, which the artifact pins and Triton cannot")
     [path] = repository_from_artifact(published_dynamic, tmp_path / "repo", variants=("graph",))
     config = check_config(path)
     parameters = {key: value.string_value for key, value in config.parameters.items()}
     assert config.backend == "openvino" and config.default_model_filename == "model.xml"
-    threads = manifest["session"].get("intra_op_threads")
-    assert parameters == {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", **_threads(threads)}
+    assert parameters == {**expected, **_threads(threads)}
     # What Triton's OpenVINO backend does: each parameter set on its core, then the copied IR compiled, no config.
     core = ov.Core()
     core.set_property("CPU", parameters)
@@ -55,8 +63,6 @@ def test_an_openvino_graph_compiles_in_triton_as_the_loader_compiles_it(publishe
     assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
     loader = load(published_dynamic).session.compiled
     assert compiled.get_property("INFERENCE_PRECISION_HINT") == loader.get_property("INFERENCE_PRECISION_HINT")
-    bf16 = {**manifest, "session": {**manifest["session"], "inference_precision": "bf16", "intra_op_threads": 3}}
-    assert openvino_parameters(published_dynamic, bf16) == {**parameters, "HINT_BF16": "YES", **_threads(3)}
 
 
 def test_an_openvino_graph_at_a_precision_triton_cannot_pin_is_refused(published_openvino, tmp_path):
