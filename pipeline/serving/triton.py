@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.errors import ArtifactError, InputError, ServingError
 from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, sha256_file, verify_artifact
 from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
-from pipeline.serving.triton_settings import backend_settings, pinned_precision
+from pipeline.serving.triton_settings import backend_settings, graph_refusal
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
@@ -285,16 +285,26 @@ def _check_out_dir(out: Path) -> None:
         raise InputError(f"{out} is not empty; pass a new or empty folder for the model repository")
 
 
-def default_variants(manifest: dict) -> tuple[tuple[str, ...], str | None]:
+def _remove_written(out: Path, created: bool) -> None:
+    """Remove what a failed export wrote: OUT_DIR where this export made it, else the entries it wrote into the
+    user's empty folder (itself kept), following no symlink."""
+    if created and not out.is_symlink():
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for entry in out.iterdir() if out.is_dir() else ():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def default_variants(artifact: Path, manifest: dict) -> tuple[tuple[str, ...], str | None]:
     """The variants an export writes when none are asked for, and why it leaves the graph out (None: it does not)."""
     if manifest["model"]["task"] == "text-generation":
         return ("python",), "a decoder exports as its Python model only (a generation loop is not an ensemble)"
-    if not pinned_precision(manifest):
-        precision = manifest["session"].get("inference_precision")
-        return ("python",), (
-            f"the graph and ensemble are left out: Triton's OpenVINO backend cannot pin this artifact's {precision} "
-            "(OpenVINO runs bf16 by default on AVX512-BF16 and AMX hosts); the Python model runs it through the loader"
-        )
+    why = graph_refusal(artifact, manifest)
+    if why:
+        return ("python",), f"the graph and ensemble are left out: {why}; the Python model runs it through the loader"
     return VARIANTS, None
 
 
@@ -314,18 +324,18 @@ def repository_from_artifact(
     artifact = Path(artifact).resolve()  # once: the files copied are the files verified
     manifest = verify_artifact(artifact)
     task = manifest["model"]["task"]
-    if not variants:
-        variants, why = default_variants(manifest)
-        if why and notify:
-            notify(why)
-    variants = tuple(variants)
+    variants, why = (tuple(variants), None) if variants else default_variants(artifact, manifest)
     check_kind(manifest, variants)
     out = Path(out_dir)
     _check_out_dir(out)
     name = name or manifest["model_name"].replace(".", "_")
     check_model_name(name)
+    if "graph" in variants or "ensemble" in variants:
+        backend_settings(artifact, manifest)  # its refusals, before anything runs or is written
+    if why and notify:
+        notify(why)
     dims = [] if task == "text-generation" else _output_dims(artifact)
-    written = []
+    created, written = not out.exists(), []
     try:
         if "graph" in variants or "ensemble" in variants:
             written.append(_graph_model(artifact, manifest, name, out, dims))
@@ -335,9 +345,9 @@ def repository_from_artifact(
         if "python" in variants:
             written.append(_runtime_model(artifact, manifest, f"{name}_python", out, python_env, dims))
     except OSError as err:
-        shutil.rmtree(out, ignore_errors=True)
+        _remove_written(out, created)
         raise ArtifactError(f"writing the Triton repository {out} failed: {err.strerror or err}") from None
     except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+        _remove_written(out, created)
         raise
     return written

@@ -47,32 +47,40 @@ def onnxruntime_parameters(session: dict) -> dict:
     return parameters
 
 
-def pinned_precision(manifest: dict) -> bool:
-    """Whether Triton's OpenVINO backend can compile an OpenVINO artifact at the precision it was validated at:
-    its parameters pin bf16 (HINT_BF16) and nothing else, so f32 or f16 would run at the serving host's default."""
-    return manifest["backend"] != "openvino" or manifest["session"].get("inference_precision") in (None, "bf16")
+def graph_refusal(artifact: Path, manifest: dict) -> str | None:
+    """Why Triton's engine backend cannot run this artifact's graph as it was validated, or None where it can: an
+    OpenVINO precision other than bf16 (the backend's parameters pin bf16 only, and OpenVINO runs bf16 by default on
+    AVX512-BF16 and AMX hosts), or a dynamic int8 group its IR does not name (built before the IR carried it)."""
+    if manifest["backend"] != "openvino":
+        return None
+    session = manifest["session"]
+    precision = session.get("inference_precision")
+    if precision not in (None, "bf16"):
+        return (
+            f"Triton's OpenVINO backend cannot pin this artifact's inference precision {precision} (its parameters "
+            "pin bf16 only), and OpenVINO runs bf16 by default on hosts with AVX512-BF16 or AMX, which the artifact "
+            "was not validated at"
+        )
+    group = session.get("dynamic_quantization_group_size")
+    if group is not None and ir_group(artifact / manifest["graph"]) != group:
+        return (
+            f"the artifact runs dynamic int8 in groups of {group}, and its IR does not name that group for an "
+            "OpenVINO compile without our loader (it was built before the IR carried it)"
+        )
+    return None
 
 
 def openvino_parameters(artifact: Path, manifest: dict) -> dict:
     """The OpenVINO backend's parameters for the loader's compile config (`compile_config`): its precision as
-    HINT_BF16, its group left to the IR's rt_info, the rest as they are. Refuses a precision the backend cannot pin
-    and an IR that does not name the session's dynamic int8 group."""
+    HINT_BF16, its group left to the IR's rt_info, the rest as they are. Refuses what `graph_refusal` names."""
     from pipeline.runtime.backends.openvino import compile_config
 
+    why = graph_refusal(artifact, manifest)
+    if why:
+        raise ServingError(f"{why}; pass --variant python, which runs it through the loader, or rebuild the artifact")
     config = compile_config(manifest["session"])
     precision = config.pop("INFERENCE_PRECISION_HINT", None)
-    if not pinned_precision(manifest):
-        raise ServingError(
-            f"Triton's OpenVINO backend cannot pin this artifact's inference precision {precision} (its parameters "
-            "pin bf16 only), and OpenVINO runs bf16 by default on hosts with AVX512-BF16 or AMX, which the "
-            "artifact was not validated at; pass --variant python, which runs it through the loader at its precision"
-        )
-    group = config.pop("DYNAMIC_QUANTIZATION_GROUP_SIZE", None)
-    if group is not None and ir_group(artifact / manifest["graph"]) != int(group):
-        raise ServingError(
-            f"{artifact} runs dynamic int8 in groups of {group}, and its IR does not name that group for an "
-            "OpenVINO compile without our loader (it was built before the IR carried it); rebuild the artifact"
-        )
+    config.pop("DYNAMIC_QUANTIZATION_GROUP_SIZE", None)  # the IR names it
     return {**config, **({"HINT_BF16": "YES"} if precision == "bf16" else {})}
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.errors import ServingError
 from pipeline.runtime import load, verify_artifact
-from pipeline.serving.triton import _graph_model, check_config, repository_from_artifact
+from pipeline.serving.triton import _graph_model, check_config, default_variants, repository_from_artifact
 from pipeline.serving.triton_settings import openvino_parameters
 
 from ..conftest import _publish, write_target
@@ -72,10 +72,16 @@ def test_an_openvino_graph_at_a_precision_triton_cannot_pin_is_refused(published
         repository_from_artifact(published_openvino, tmp_path / "graph", variants=("ensemble",))
     assert "\n" not in str(err.value) and "--variant python" in str(err.value)
     assert not (tmp_path / "graph").exists()
+    (tmp_path / "empty").mkdir()  # the user's own empty folder: refused before anything is written, and kept
+    with pytest.raises(ServingError, match="cannot pin"):
+        repository_from_artifact(published_openvino, tmp_path / "empty", variants=("graph",), notify=print)
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
     notes = []
     written = repository_from_artifact(published_openvino, tmp_path / "default", notify=notes.append)
     assert [p.parent.name for p in written] == ["tiny-bert_python"]  # the default leaves the graph out, and says so
-    assert len(notes) == 1 and "cannot pin this artifact's f32" in notes[0] and "\n" not in notes[0]
+    assert len(notes) == 1 and "cannot pin this artifact's inference precision f32" in notes[0]
+    assert "\n" not in notes[0] and notes[0].startswith("the graph and ensemble are left out")
     grouped = {**manifest, "session": {"inference_precision": "bf16", "dynamic_quantization_group_size": 64}}
-    with pytest.raises(ServingError, match="rebuild the artifact"):  # an IR that names no group
+    with pytest.raises(ServingError, match="its IR does not name that group"):  # built before the IR carried it
         openvino_parameters(published_openvino, grouped)
+    assert default_variants(published_openvino, grouped)[0] == ("python",)  # the default export falls back
