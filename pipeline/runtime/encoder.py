@@ -45,15 +45,17 @@ def masked_row(ids: list[int], mask_id: int) -> tuple[list[int], list[int]]:
     return [mask_id if i == middle else token for i, token in enumerate(ids)], [middle]
 
 
-def best_span(logits, ids: list, sequence_ids: list, max_answer_length: int) -> tuple[int, int, float] | None:
+def best_span(
+    logits, ids: list, sequence_ids: list, max_answer_length: int, paired: bool = True
+) -> tuple[int, int, float] | None:
     """The (start, end, score) token span with the highest start + end logit among spans inside the context (the
-    second sequence, or the only one where there is no pair), start <= end, at most `max_answer_length` tokens.
+    second sequence of a pair, or the only one where there is no pair: `paired`, never guessed from the tokens, since
+    an empty context leaves none of its own), start <= end, at most `max_answer_length` tokens.
     The score is the product of the start and end probabilities of a softmax over the context tokens and the
     classifier token, as transformers' question-answering pipeline normalizes each window. None without context."""
     import numpy as np
 
-    context_id = 1 if 1 in sequence_ids else 0
-    context = np.array([s == context_id for s in sequence_ids])
+    context = np.array([s == (1 if paired else 0) for s in sequence_ids])
     if not context.any():
         return None
     # transformers keeps the classifier token (the leading special token) in the softmax, since a model may point
@@ -78,7 +80,7 @@ def best_answer(windows: list, logits: list, context: str, max_answer_length: in
     (character offsets into the context) and score; no context token at all gives an empty answer with score 0."""
     found: dict[str, dict] = {}
     for enc, out in zip(windows, logits, strict=True):
-        span = best_span(out, enc.ids, enc.sequence_ids, max_answer_length)
+        span = best_span(out, enc.ids, enc.sequence_ids, max_answer_length, paired=enc.n_sequences == 2)
         if span is None:
             continue
         first, last, score = span

@@ -121,6 +121,12 @@ def test_answer_of_a_short_context_is_its_best_span_scored_as_transformers_score
     assert model.answer([QUESTION], [context], max_answer_length=5, doc_stride=1) == [answer]
 
 
+@pytest.mark.parametrize("context", ["", "   ", "\x00"])
+def test_a_context_without_tokens_answers_nothing_never_a_span_of_the_question(qa, context):
+    _, model, _ = qa
+    assert model.answer([QUESTION], [context]) == [{"answer": "", "start": 0, "end": 0, "score": 0.0}]
+
+
 def test_answer_default_stride_fits_a_question_that_leaves_little_room(qa):
     _, model, _ = qa
     question = " ".join(["word"] * 100)  # leaves 25 of the model's 128 tokens, under the default stride of 64
