@@ -109,6 +109,7 @@ def test_runtime_only_settings_do_not_re_export(tiny_bert, texts_file, calibrati
     overlong = write_target(tmp_path, "cpu-avx2-dynamic", shapes__overlong="refuse")
     again = build(tiny_bert, str(overlong), **dirs, **data)
     assert "export" not in _rebuilt(again) and "quantize" not in _rebuilt(again)
+    assert "validate" in _rebuilt(again)  # it ran the held-out text under the other policy
     assert (
         json.loads((tmp_path / "a" / "tiny-bert" / "v2" / "cpu-avx2-dynamic" / "manifest.json").read_text())["model"][
             "overlong"
@@ -118,6 +119,7 @@ def test_runtime_only_settings_do_not_re_export(tiny_bert, texts_file, calibrati
     threads = write_target(tmp_path, "cpu-avx2-dynamic", runtime__intra_op_threads=1)
     third = build(tiny_bert, str(threads), **dirs, **data)
     assert "validate" in _rebuilt(third) and "export" not in _rebuilt(third)
+    assert "quantize" in _rebuilt(third)  # its fallback measured through a session of the old settings
 
 
 def test_another_kernel_class_revalidates_and_a_new_tune_keeps_the_version(

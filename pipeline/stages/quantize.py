@@ -24,7 +24,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.console import note
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError, TargetError
-from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples
+from pipeline.manifest import INT8_GRAPH, Manifest, candidate_model, examples, session_of
 from pipeline.metrics import (
     closeness,
     development_gate,
@@ -60,6 +60,7 @@ class QuantizeConfig:
     batch_size: int
     calibration: str
     generation: dict | None
+    session: dict  # the fallback measures through the runtime, with the target's session settings
 
 
 _PACKAGES = ("onnxruntime", "onnx", "numpy", "tokenizers")
@@ -275,6 +276,7 @@ def quantize_stage(manifest: Manifest, target: Target, stage: StageSpec, setting
         batch_size=target.shapes.batch_size,
         calibration=texts_digest(texts),
         generation=target.to_dict()["generation"] if task == "text-generation" else None,
+        session=session_of(target),
     )
 
     calibration, development = development_split(texts)

@@ -33,7 +33,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.console import progress
 from pipeline.data import read_texts, texts_digest
 from pipeline.errors import AccuracyError
-from pipeline.manifest import Manifest, candidate_model, examples
+from pipeline.manifest import Manifest, candidate_model, examples, session_of
 from pipeline.measured import measured, measurement_key
 from pipeline.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.recipes import Job, build_candidate
@@ -52,7 +52,8 @@ SEQUENCE = 128
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
-    """The candidates, the int8 settings they use, the gate, the shapes they are timed at, the calibration text."""
+    """The candidates, the int8 settings they use, the gate, the shapes they are timed at, the session settings
+    they are run with (decoders: and the generation settings), the calibration and held-out text."""
 
     candidates: tuple
     quantize: dict
@@ -61,6 +62,8 @@ class SearchConfig:
     sequence: int
     calibration: str
     held_out: str
+    session: dict
+    generation: dict | None
 
 
 # The choice is a timing on this machine: its cores and flags are part of the key.
@@ -282,6 +285,8 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         sequence=SEQUENCE,
         calibration=texts_digest(texts),
         held_out=texts_digest(held_out_texts(manifest, target)),
+        session=session_of(target),
+        generation=target.to_dict()["generation"] if family(manifest) == "decoder" else None,
     )
     inputs = {"export": manifest.stage("export").key, "optimize": manifest.stage("optimize").key}
     record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, out))

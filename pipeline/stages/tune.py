@@ -22,7 +22,7 @@ import itertools
 import statistics
 
 from pipeline.cache import StageSpec, run_cached
-from pipeline.data import read_texts
+from pipeline.data import read_texts, texts_digest
 from pipeline.manifest import Manifest, runtime_spec
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
@@ -48,6 +48,7 @@ class TuneConfig:
     batch_size: int
     generation_batch_sizes: tuple[int, ...] | None
     shape_buckets: tuple[int, ...] | None  # the plan to time against none (encoders), from the calibration text
+    data: str  # the validation text the workloads are drawn from
 
 
 # The answer is this machine's: its cores and flags are part of the key.
@@ -188,6 +189,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         batch_size=target.shapes.batch_size,
         generation_batch_sizes=target.generation.speed_batch_sizes if decoder else None,
         shape_buckets=plan,
+        data=texts_digest(texts),
     )
     record = run_cached(
         manifest.cache_dir,

@@ -41,13 +41,15 @@ VERSION = 5
 
 @dataclasses.dataclass(frozen=True)
 class ValidateConfig:
-    """The held-out text, the thresholds, and how the graph is run (batch size, session, generation)."""
+    """The held-out text, the thresholds, and how the graph is run (batch size, session, overlong policy,
+    generation)."""
 
     data: str
     accuracy: dict
     batch_size: int
     session: dict
     generation: dict | None
+    overlong: str
 
 
 # int8 and bf16 results depend on the host's kernels; validation measures through the runtime.
@@ -122,6 +124,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         batch_size=target.shapes.batch_size,
         session=session_of(target),
         generation=target.to_dict()["generation"] if task == "text-generation" else None,
+        overlong=target.shapes.overlong,
     )
     inputs = {name: record.key for name, record in manifest.graph_records().items()}
     record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: _validate(manifest, target, texts))
