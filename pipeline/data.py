@@ -24,9 +24,12 @@ MIN_CALIBRATION = 8
 
 
 def _read_file(path: Path, purpose: str) -> list[str]:
-    if path.stat().st_size > MAX_BYTES:
-        raise InputError(f"{purpose} file {path} is over {MAX_BYTES >> 20} MiB; pass a sample of it")
-    raw = path.read_bytes()
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise InputError(f"{purpose} file {path} is over {MAX_BYTES >> 20} MiB; pass a sample of it")
+        raw = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read {purpose} file {path} ({err.strerror or err}); check its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -59,7 +62,7 @@ def read_texts(path: str | Path, purpose: str) -> list[str]:
     """The examples in a data file or folder; an InputError if there are none or a line is malformed."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl"))
+        files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl") and p.is_file())
     elif path.is_file():
         files = [path]
     else:

@@ -98,3 +98,9 @@ def test_build_refuses_calibration_text_too_small_for_a_development_split(tiny_b
     with pytest.raises(InputError, match=r"calibration\.txt gives 3 example\(s\); the target needs at least 8,"):
         build(tiny_bert, "cpu-avx2", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c", **data)
     assert not (tmp_path / "c").exists()
+
+
+def test_read_texts_skips_a_folder_named_like_a_data_file(tmp_path):
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    (tmp_path / "b.txt").mkdir()
+    assert read_texts(tmp_path, "calibration") == ["one", "two"]

