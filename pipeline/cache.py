@@ -36,7 +36,7 @@ from pipeline.errors import CacheError, PipelineError
 from pipeline.manifest import StageRecord
 from pipeline.runtime.artifact import canonical_json, sha256_file
 from pipeline.runtime.host import cpu_flags, kernel_class, usable_cores
-from pipeline.store import OWNER, RECORD, Leases, cache_entry, remove_dead_scratch, scratch_for
+from pipeline.store import OWNER, RECORD, Leases, cache_entry, discard, remove_dead_scratch, scratch_for
 
 HOST_SCOPES = ("none", "kernels", "machine")
 WRITE_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR)
@@ -188,11 +188,16 @@ def run_cached(
         if reused:
             os.utime(entry)  # its age counts from its last use: gc's --min-age spares what builds reuse
         else:
-            if entry.exists():
-                shutil.rmtree(entry)  # damaged: a truncated file or a missing record
+            if entry.exists() or entry.is_symlink():
+                discard(entry)  # damaged: a truncated file or a missing record
             record = _produce(entry, key, spec, fields, produce)
         held.record(entry, record["files"])
     except OSError as err:
+        if err.errno == errno.ELOOP:  # opened with O_NOFOLLOW: a planted symlink
+            raise CacheError(
+                f"{err.filename or entry.parent} in the stage cache is a symlink where the cache keeps its own file; "
+                "remove it, or pass another --cache-dir"
+            ) from None
         if err.errno not in WRITE_ERRORS:
             raise
         raise CacheError(

@@ -30,6 +30,7 @@ from pipeline.store import (
     LEASE_PREFIX,
     RECORD,
     claim,
+    discard,
     gc_lock,
     latest_targets,
     lease_path,
@@ -198,7 +199,7 @@ def _remove_entry(entry: Path, dry_run: bool, found: Collection) -> None:
                 return
             found.removals.append(Removal(entry, folder_bytes(entry), "a cache entry no published version references"))
             if not dry_run:
-                _remove(entry)
+                discard(entry)
                 lease_path(entry).unlink(missing_ok=True)  # under the lock: a waiting build takes a fresh one
     except OSError as err:  # a symlink planted as its lease file, or an unwritable stage folder
         found.skipped.append(Note(entry, f"its lease file cannot be taken ({err.strerror or err})"))

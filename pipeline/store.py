@@ -177,12 +177,30 @@ def scratch_for(entry: Path, key: str):
     that no other build takes it for a dead one's. The caller renames or removes it."""
     scratch = entry.parent / f"{SCRATCH_PREFIX}{key[:16]}-{uuid.uuid4().hex}"
     scratch.mkdir(parents=True)
-    owner = open(scratch / OWNER, "w")
+    # Locked before it takes its name: another build finding an unlocked .owner would reap the folder as dead.
+    owner = open(scratch / f"{OWNER}.new", "w")
     try:
         fcntl.flock(owner, fcntl.LOCK_EX)
+        os.rename(scratch / f"{OWNER}.new", scratch / OWNER)
         yield scratch
     finally:
         owner.close()
+
+
+def discard(folder: Path) -> None:
+    """Remove a folder of the cache (an entry gc collects, a damaged entry): first renamed aside under a scratch
+    name, so a kill during the removal leaves scratch that the next build reaps, never a key-named folder without
+    its record, which gc would take for someone else's. A symlink is unlinked, never followed; a folder another
+    process removed first is no error."""
+    if folder.is_symlink():
+        folder.unlink(missing_ok=True)
+        return
+    aside = folder.parent / f"{SCRATCH_PREFIX}discarded-{uuid.uuid4().hex}"
+    try:
+        os.rename(folder, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _owner_dead(scratch: Path) -> bool:

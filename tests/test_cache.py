@@ -144,3 +144,34 @@ def test_unwritable_cache_is_one_line_error_naming_the_folder(tmp_path):
     spec = optimize.STAGE
     with pytest.raises(CacheError, match=r"the stage cache .*not-a-folder/optimize cannot be written"):
         cache.run_cached(blocker, spec, _sample(spec), {}, lambda out: {})
+
+
+def test_a_damaged_entry_is_replaced_and_leaves_no_record_less_folder_or_scratch(tmp_path):
+    spec = optimize.STAGE
+    calls = []
+
+    def produce(out):
+        calls.append(out)
+        (out / "model.onnx").write_bytes(b"graph")
+        return {"n": len(calls)}
+
+    first = cache.run_cached(tmp_path, spec, _sample(spec), {}, produce)
+    entry = tmp_path / "optimize" / first.key
+    (entry / "model.onnx").write_bytes(b"trunc")  # damaged: no longer its sha256
+    again = cache.run_cached(tmp_path, spec, _sample(spec), {}, produce)
+    assert (again.key, again.metrics, again.reused) == (first.key, {"n": 2}, False)
+    names = sorted(p.name for p in (tmp_path / "optimize").iterdir() if not p.name.startswith(".lease"))
+    assert names == [first.key] and (entry / "record.json").is_file()
+
+
+def test_a_symlink_planted_as_a_lease_file_is_a_one_line_cache_error(tmp_path):
+    from pipeline.store import cache_entry, lease_path
+
+    spec = optimize.STAGE
+    key = spec.key(_sample(spec), {})
+    lease = lease_path(cache_entry(tmp_path, spec.name, key))
+    lease.parent.mkdir(parents=True)
+    lease.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CacheError, match="is a symlink where the cache keeps its own file") as err:
+        cache.run_cached(tmp_path, spec, _sample(spec), {}, lambda out: {})
+    assert "\n" not in str(err.value) and not (tmp_path / "elsewhere").exists()
