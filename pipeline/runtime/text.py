@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping, Set
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
@@ -37,6 +39,8 @@ def check_texts(texts, call: str, pairs: bool = False) -> list:
     if isinstance(texts, (str, bytes)):
         kind = type(texts).__name__
         raise InputError(f"{call} takes a list of strings, got a single {kind}; wrap it: model.{call[:-2]}([text])")
+    if isinstance(texts, Mapping | Set):  # a dict would run its keys, a set in no defined order
+        raise InputError(f"{call} takes a list of strings, got a {type(texts).__name__}; pass list(...) of the texts")
     try:
         texts = list(texts)
     except TypeError:
@@ -44,9 +48,14 @@ def check_texts(texts, call: str, pairs: bool = False) -> list:
     if not texts:
         raise InputError(f"{call} got an empty list; pass at least one string")
     for i, text in enumerate(texts):
+        if pairs and isinstance(text, list) and len(text) == 2:
+            raise InputError(f"{call} input {i} is a list; pass a pair as a (text, text_pair) tuple")
         parts = text if pairs and isinstance(text, tuple) and len(text) == 2 else (text,)
-        if not all(isinstance(t, str) for t in parts):
-            raise InputError(f"{call} input {i} is {type(text).__name__}, not str; pass text only")
+        bad = next((t for t in parts if not isinstance(t, str)), None)
+        if bad is not None:
+            what = f"{type(bad).__name__} in a pair" if len(parts) == 2 else type(text).__name__
+            fix = "strings, or (text, text_pair) tuples of two strings" if pairs else "text only"
+            raise InputError(f"{call} input {i} is {what}, not str; pass {fix}")
         if not all(_valid_text(t) for t in parts):
             raise InputError(
                 f"{call} input {i} is not valid Unicode text (it holds a lone surrogate); decode it with "
@@ -59,6 +68,6 @@ def check_batch_size(batch_size, call: str):
     """None (the artifact's default) or a positive int, else an InputError naming the argument."""
     if batch_size is None:
         return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(f"{call}: batch_size={batch_size!r} must be a positive int (or None for the default)")
-    return batch_size
+    return int(batch_size)

@@ -1,5 +1,6 @@
 """Text in: the artifact's tokenizer, and the checks every runtime entry point applies to its inputs."""
 
+import numpy as np
 import pytest
 
 from pipeline.errors import ArtifactError, InputError
@@ -47,7 +48,10 @@ def test_check_texts_takes_any_iterable_of_strings_and_returns_a_list():
         ([], False, r"got an empty list"),
         (["fine", 3], False, r"input 1 is int, not str"),
         ([("a", "b")], False, r"input 0 is tuple, not str"),  # a pair where pairs are not taken
-        ([("a", 1)], True, r"input 0 is tuple, not str"),
+        ([("a", 1)], True, r"input 0 is int in a pair, not str; pass strings, or \(text, text_pair\) tuples"),
+        ([["a", "b"]], True, r"input 0 is a list; pass a pair as a \(text, text_pair\) tuple"),
+        ({"a": 1}, False, r"got a dict; pass list\(\.\.\.\) of the texts"),
+        ({"a", "b"}, True, r"got a set; pass list"),
         (["fine", "bad \ud800 surrogate"], False, r"input 1 is not valid Unicode text .*errors='replace'"),
         ([("ok", "\udfff")], True, r"input 0 is not valid Unicode text"),
     ],
@@ -58,9 +62,9 @@ def test_check_texts_refuses_bad_input_in_one_line_naming_it(texts, pairs, messa
     assert str(err.value).startswith("run() ") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("size", [None, 1, 64])
+@pytest.mark.parametrize("size", [None, 1, 64, np.int64(4)])
 def test_check_batch_size_takes_none_or_a_positive_int(size):
-    assert check_batch_size(size, "run()") == size
+    assert check_batch_size(size, "run()") == size and type(check_batch_size(size, "run()")) in (type(None), int)
 
 
 @pytest.mark.parametrize("size", [0, -1, 1.5, True, "8"])
