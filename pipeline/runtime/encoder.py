@@ -192,9 +192,14 @@ class Model:
         Returns, by task: feature-extraction, an array [n, dim] of embeddings; sequence-classification, an
         array [n, labels] of logits; token-classification, a list of [tokens, labels] logit arrays; fill-mask, a
         list of [tokens, vocab] logit arrays; question-answering, a list of [tokens, 2] start and end logits.
+        A `batch_size` above a TensorRT engine's profile runs in batches of the profile's largest.
         """
         batch_size = check_batch_size(batch_size, "run()") or self.batch_size
         return self._outputs(self.encode(texts), batch_size, bucketing, shape_buckets=shape_buckets)
+
+    def _batch_limit(self, batch_size: int) -> int:
+        """`batch_size`, at most the session's largest batch where it has one (a TensorRT engine's profile)."""
+        return min(batch_size, getattr(self.session, "max_batch", None) or batch_size)
 
     def _outputs(
         self, encodings, batch_size: int, bucketing: bool = True, ids: list | None = None, shape_buckets: bool = True
@@ -212,7 +217,7 @@ class Model:
                     feeds["input_ids"][row, : lengths[index]] = ids[index]
             return session.run([self.output_name], feeds)[0]
 
-        chunks = self.batches(lengths, batch_size, bucketing)
+        chunks = self.batches(lengths, self._batch_limit(batch_size), bucketing)
         if self.streams is not None:
             chunks = chunk_plan(chunks, len(self.streams), self.streams.split_min_rows, lengths)
         if self.streams is not None and len(chunks) > 1:

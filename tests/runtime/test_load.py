@@ -178,6 +178,18 @@ def test_model_batches_buckets_by_length(published):
     assert model.batches(lengths, 4, bucketing=False) == [[0, 1, 2, 3], [4, 5, 6]]
 
 
+def test_a_batch_size_above_the_sessions_largest_runs_in_batches_that_fit(published):
+    model = load(published)
+    texts = [f"sentence number {i} of the batch" for i in range(5)]
+    expected = model.run(texts, batch_size=64)
+    fed, run = [], model.session.run
+    model.session = type("Limited", (), {})()  # the real session, with the largest batch a TensorRT profile gives
+    model.session.max_batch = 2
+    model.session.run = lambda names, feeds: fed.append(len(next(iter(feeds.values())))) or run(names, feeds)
+    np.testing.assert_allclose(model.run(texts, batch_size=64), expected, atol=2e-3)  # int8: ranges per batch
+    assert fed and max(fed) == 2 and sum(fed) == 5
+
+
 def test_model_run_same_rows_with_and_without_bucketing(published):
     model = load(published)
     texts = ["tiny", "a sentence of middling length here", "word " * 60, "short one"]

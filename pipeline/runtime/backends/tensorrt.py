@@ -70,6 +70,7 @@ class TensorRTSession:
         self.output_names = [n for n in names if n not in self.input_names]
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
         self.limits = {n: tuple(self.engine.get_tensor_profile_shape(n, 0)) for n in self.input_names}
+        self.max_batch = min(int(self.limits[n][2][0]) for n in self.input_names)  # the encoder splits to fit
         for name in self.input_names:
             self.context.set_input_shape(name, self.limits[name][2])
         for name in names:
