@@ -221,9 +221,11 @@ class Generator:
         max_new_tokens (32), min_new_tokens, do_sample, temperature (> 0 samples, 0 is greedy), top_k, top_p,
         repetition_penalty, eos (an id or ids; False to ignore the end-of-sequence token), stop (strings that
         end a prompt's text, cut off before them); any other name is an InputError. `seed` (an int from 0 to
-        2**64 - 1) makes sampling repeatable. Prompts run in batches of `batch_size`, padded; with more prompts
-        than that (and batches of more than one), the batches are formed shortest prompts first, so that each
-        pads as little as it can, and each event names its prompt by `index`.
+        2**64 - 1) makes sampling repeatable: each prompt draws from its own generator, seeded by `seed` and its
+        index, so its continuation does not depend on `batch_size` or on the prompts batched with it. Prompts run
+        in batches of `batch_size`, padded; with more prompts than that (and batches of more than one), the
+        batches are formed shortest prompts first, so that each pads as little as it can, and each event names
+        its prompt by `index`.
 
         `messages`, in place of prompts, is a list of conversations (each a list of {"role", "content"} dicts),
         rendered with the checkpoint's chat template, ready for the assistant's reply.
@@ -244,7 +246,8 @@ class Generator:
             raise InputError(f"{call}: seed={seed!r} must be an int from 0 to 2**64 - 1 (or None for no seed)")
         sampling = self.settings(**settings)
         rows = self._prompt_ids(prompts, self.max_length - sampling.max_new_tokens, call)
-        rng = np.random.default_rng(seed)
+        # One generator a prompt, from (seed, its index): its draws do not depend on the batch it lands in.
+        rngs = [np.random.default_rng(None if seed is None else [seed, i]) for i in range(len(rows))]
         # Batches of one pad nothing, and then prompts keep their order (the CLI streams them one after another).
         by_length = 1 < batch_size < len(rows)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i])) if by_length else range(len(rows))
@@ -252,7 +255,7 @@ class Generator:
         return rows, (
             event
             for chunk in chunks
-            for event in self._stream_batch([rows[i] for i in chunk], chunk, sampling, rng, texts)
+            for event in self._stream_batch([rows[i] for i in chunk], chunk, sampling, [rngs[i] for i in chunk], texts)
         )
 
     def teacher_forced_logits(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[np.ndarray]:
@@ -268,7 +271,7 @@ class Generator:
         stacked = np.stack(steps, axis=1)
         return [stacked[row, : len(c)] for row, c in enumerate(continuations)]
 
-    def _stream_batch(self, rows: list[list[int]], indices, sampling: Sampling, rng, texts: bool):
+    def _stream_batch(self, rows: list[list[int]], indices, sampling: Sampling, rngs: list, texts: bool):
         """Events of one batch, each row's named by its prompt's index in `indices`. Without `texts` (and without
         stop strings) no text is decoded per step: each event's text is empty, and the caller decodes each row
         once at its end."""
@@ -279,7 +282,7 @@ class Generator:
         live = [True] * len(rows)
         logits = state.step()
         for step in range(sampling.max_new_tokens):
-            chosen = choose_tokens(logits, context, step, sampling, rng)
+            chosen = choose_tokens(logits, context, step, sampling, rngs)
             for row, token in enumerate(chosen.tolist()):
                 if not live[row]:
                     continue

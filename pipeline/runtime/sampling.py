@@ -67,7 +67,8 @@ class Sampling:
 
 def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, settings: Sampling, rng) -> np.ndarray:
     """The next token of each row from its logits [b, V], given each row's tokens so far (prompt and
-    generated, for the repetition penalty) and the number of tokens generated before this one."""
+    generated, for the repetition penalty) and the number of tokens generated before this one. `rng`: a numpy
+    Generator for the batch, or a list of one a row."""
     holding_eos = steps < settings.min_new_tokens and settings.eos
     if not settings.do_sample and settings.repetition_penalty == 1.0:
         # Greedy reads the logits in place: a copy of each 49k-entry row costs more than the rest of the step's
@@ -109,7 +110,10 @@ def choose_tokens(logits: np.ndarray, context: list[list[int]], steps: int, sett
         probs = np.where(drop, 0.0, probs)
         probs /= probs.sum(-1, keepdims=True)
     cumulative = np.cumsum(probs, -1)
-    draws = rng.random((len(probs), 1)) * cumulative[:, -1:]
+    uniform = (
+        rng.random((len(probs), 1)) if isinstance(rng, np.random.Generator) else np.array([[r.random()] for r in rng])
+    )
+    draws = uniform * cumulative[:, -1:]
     return np.minimum((cumulative < draws).sum(-1), vocab - 1)
 
 

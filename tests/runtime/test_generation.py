@@ -126,6 +126,12 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, t
     by_length = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=3)  # batches of similar lengths
     assert [c.token_ids for c in by_length] == [c.token_ids for c in alone]
     np.testing.assert_allclose(fp32.run(SMALL_TEXTS, batch_size=12), fp32.run(SMALL_TEXTS, batch_size=1), atol=1e-5)
+    # Sampled with a seed, each prompt draws from its own generator: its sample does not depend on its batch.
+    sampled = {
+        size: fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=size, temperature=1.5, seed=7)
+        for size in (1, 3, 12)
+    }
+    assert [c.token_ids for c in sampled[1]] == [c.token_ids for c in sampled[3]] == [c.token_ids for c in sampled[12]]
 
 
 def test_more_prompts_than_a_batch_are_batched_shortest_first_and_events_name_their_prompt(model):
