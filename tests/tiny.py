@@ -32,6 +32,7 @@ _ROBERTA = {**_LAYERS, "pad_token_id": 0, "max_position_embeddings": 130, "type_
 # ([PAD] 0, [CLS] 101, [SEP] 102), the tokenizer every tiny encoder borrows.
 ENCODERS = {
     "bert": _LAYERS,
+    "megatron-bert": _LAYERS,  # no record in the table: a generic one, from optimum-onnx's registry
     "roberta": _ROBERTA,
     "xlm-roberta": _ROBERTA,
     "camembert": _ROBERTA,
@@ -117,6 +118,23 @@ _QWEN = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token"
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 # Sliding windows of 8 tokens, shorter than the tests' prompts plus generation, so that the window changes the output.
 DECODERS = {
+    # No record in the table: a generic one, from optimum-onnx's registry.
+    "opt": (
+        "OPTConfig",
+        "GPT2TokenizerFast",
+        _ENDOFTEXT,
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_dim": 128,
+            "word_embed_proj_dim": 64,
+            "max_position_embeddings": 256,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "pad_token_id": 0,
+        },
+    ),
     "gpt2": (
         "GPT2Config",
         "GPT2TokenizerFast",

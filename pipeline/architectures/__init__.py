@@ -93,6 +93,9 @@ def remote_code_problem(folder, config: dict) -> str | None:
 def _exporter_supports(model_type: str, task: str) -> bool:
     """Whether optimum-onnx's exporter knows `model_type` for `task` (an optimum task name)."""
     try:
+        # Importing the ONNX export configs is what registers them with the TasksManager: without it, a fresh
+        # process (the CLI checks the checkpoint before anything else imports optimum) finds no family at all.
+        import optimum.exporters.onnx.model_configs  # noqa: F401
         from optimum.exporters.tasks import TasksManager
 
         supported = TasksManager.get_supported_tasks_for_model_type(model_type, "onnx", library_name="transformers")

@@ -28,7 +28,7 @@ from pipeline.architectures.encoders import encoder_inputs, graph_inputs
 from pipeline.cache import StageSpec, run_cached
 from pipeline.chat_template import chat_template_spec
 from pipeline.console import silenced
-from pipeline.errors import ExportError
+from pipeline.errors import ExportError, PipelineError
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.memory import release_freed
 from pipeline.onnx_files import load_graph, save_graph
@@ -273,9 +273,18 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     """Export `checkpoint` to `out`/model.onnx and `out`/tokenizer.json, checked against PyTorch on a probe input;
     returns the runtime spec and the probe's difference."""
     arch = architecture_of(checkpoint)
-    if arch.family == "decoder":
-        return _export_decoder(checkpoint, arch, out)
-    return _export_encoder(checkpoint, out)
+    try:
+        if arch.family == "decoder":
+            return _export_decoder(checkpoint, arch, out)
+        return _export_encoder(checkpoint, out)
+    except (PipelineError, MemoryError):
+        raise
+    except Exception as err:  # the model's own forward, or ONNX Runtime on the exported graph, on the probe input
+        what = (
+            f"{checkpoint.path} ({checkpoint.model_type}) did not export and run on a probe input, so it cannot be "
+            "built; the families built end to end are in docs/architectures.md"
+        )
+        raise _failed(what, err) from err
 
 
 def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:

@@ -76,6 +76,26 @@ def test_onnx_from_checkpoint_refuses_nan_weights(tmp_path):
     assert not list((tmp_path / "cache").rglob("model.onnx"))
 
 
+def test_a_model_that_fails_on_the_probe_input_is_a_one_line_export_error(tmp_path):
+    import transformers
+
+    from pipeline.stages.checkpoint import default_checkpoint
+
+    from ..tiny import TOKENIZER_FILES
+
+    # Nystromformer's landmarks need sequences of `segment_means_seq_len` tokens: its own forward fails on the probe.
+    folder = tmp_path / "nystromformer"
+    settings = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    config = transformers.AutoConfig.for_model("nystromformer", num_landmarks=4, segment_means_seq_len=128, **settings)
+    transformers.AutoModel.from_config(config).eval().save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(default_checkpoint() / name, folder / name)
+    with pytest.raises(ExportError, match=r"\(nystromformer\) did not export and run on a probe input") as err:
+        _export(folder, tmp_path / "cache")
+    assert "\n" not in str(err.value) and "RuntimeError" in str(err.value)
+    assert not list((tmp_path / "cache").rglob("model.onnx"))
+
+
 def test_onnx_from_checkpoint_refuses_corrupt_weights(tmp_path, tiny_bert):
     folder = tmp_path / "corrupt"
     shutil.copytree(tiny_bert, folder)
