@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
+from pipeline.runtime.engine_cache import ENGINES_DIR
 from pipeline.store import (
     LEASE_PREFIX,
     RECORD,
@@ -215,6 +216,18 @@ def _remove_orphan_leases(stage_dir: Path) -> None:
                 path.unlink()
 
 
+def _engine_caches(stale: list[Path]) -> list[Path]:
+    """The TensorRT engine caches of old versions (`<model>/engines/<version>-<target>`, beside the versions), as
+    plain folders: a symlinked one, or one under a symlinked engines folder, is left alone."""
+    caches = []
+    for folder in stale:
+        engines = folder.parent.parent / ENGINES_DIR
+        cache = engines / f"{folder.parent.name}-{folder.name}"
+        if not engines.is_symlink() and cache.is_dir() and not cache.is_symlink():
+            caches.append(cache)
+    return caches
+
+
 def collect(
     artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S, dry_run: bool = False
 ) -> Collection:
@@ -235,9 +248,13 @@ def collect(
         kept = [folder for folders in models.values() for _, folder in folders if folder not in stale]
         keys = referenced_keys(kept)
         found.removals += [Removal(f, folder_bytes(f), "an old version beyond --keep") for f in stale]
+        engines = _engine_caches(stale)
+        found.removals += [Removal(f, folder_bytes(f), "the TensorRT engines of an old version") for f in engines]
         if not dry_run:
             for folder in stale:
                 _remove(folder)
+            for folder in engines:
+                shutil.rmtree(folder, ignore_errors=True)
         _entries(cache_dir, keys, min_age_s, dry_run, found)
     return found
 

@@ -341,3 +341,25 @@ def test_gc_verbose_says_what_it_kept_and_why(tmp_path):
     assert f"kept {root / 'cache' / 'export' / KEYS[0]}: {version} references it" in shown.stderr
     assert f"kept {young}: used within --min-age" in shown.stderr
     assert f"would remove {unreferenced}" in shown.stdout
+
+
+def test_gc_removes_the_engine_cache_of_an_old_version_and_keeps_the_kept_ones(tmp_path):
+    keys = dict.fromkeys(STAGES, KEYS[0])
+    _publish(tmp_path, [("model-a", "a100", keys), ("model-a", "a100", keys)], [0])
+    engines = tmp_path / "artifacts" / "model-a" / "engines"
+    for version in ("v1", "v2"):
+        (engines / f"{version}-a100").mkdir(parents=True)
+        (engines / f"{version}-a100" / "sm80-trt10-abc-model.plan").write_bytes(b"plan")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.plan").write_bytes(b"not ours")
+    found = collect(tmp_path / "artifacts", tmp_path / "cache", keep=1, min_age_s=0)
+    assert engines / "v1-a100" in [r.path for r in found.removals] and not (engines / "v1-a100").exists()
+    assert (engines / "v2-a100" / "sm80-trt10-abc-model.plan").is_file()
+    # An engine cache that is a symlink is never followed.
+    _publish(tmp_path / "again", [("model-a", "a100", keys), ("model-a", "a100", keys)], [0])
+    linked = tmp_path / "again" / "artifacts" / "model-a" / "engines"
+    linked.mkdir()
+    (linked / "v1-a100").symlink_to(outside, target_is_directory=True)
+    collect(tmp_path / "again" / "artifacts", tmp_path / "again" / "cache", keep=1, min_age_s=0)
+    assert (outside / "keep.plan").is_file()
