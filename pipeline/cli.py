@@ -293,8 +293,9 @@ def host(ray_resources, head) -> None:
     from pipeline.runtime.host import cpu_model, kernel_class
 
     if ray_resources:
-        from pipeline.fleet import ray_start_line
+        from pipeline.fleet import AUTH_NOTE, ray_start_line
 
+        click.echo(AUTH_NOTE)
         click.echo(ray_start_line(head))
         return
     click.echo(f"{cpu_model()}: kernel class {kernel_class()}")

@@ -24,6 +24,10 @@ from pipeline.errors import InputError, PipelineError, TargetError
 
 PREPARE_UNTIL = "optimize"  # the last stage whose output is the same on any host
 RETRIES = 3
+# How long a build may wait with no live node of its class (a node that died may come back) before it is a row.
+NODE_GRACE_S = 120.0
+POLL_S = 5.0
+PATH_OPTIONS = ("artifacts_dir", "cache_dir", "validation", "calibration")
 
 
 def host_resources() -> dict[str, float]:
@@ -37,11 +41,18 @@ def host_resources() -> dict[str, float]:
     return resources
 
 
+AUTH_NOTE = (
+    "# first set RAY_AUTH_TOKEN to one secret (e.g. `openssl rand -hex 32`) on every node and on the driver: "
+    "a cluster without it runs code for anyone who reaches its ports"
+)
+
+
 def ray_start_line(head: str | None = None) -> str:
-    """The `ray start` command that joins this host to a fleet cluster with its classes advertised."""
+    """The `ray start` command that joins this host to a fleet cluster with its classes advertised, with Ray's token
+    authentication on (Ray 2.60 turns it on only where asked or where a token already exists)."""
     resources = json.dumps(host_resources(), separators=(",", ":"))
     where = f"--address={head}" if head else "--head --port=6379"
-    return f"ray start {where} --resources='{resources}'"
+    return f"RAY_AUTH_MODE=token ray start {where} --resources='{resources}'"
 
 
 def target_resource(spec) -> str | None:
@@ -81,22 +92,31 @@ def _where() -> dict:
     return {"node_id": node, "host": socket.gethostname()}
 
 
+def _failed(err: Exception) -> dict:
+    return {"status": "failed", "error": (str(err).splitlines() or [type(err).__name__])[0], **_where()}
+
+
 def _prepare(model: str, target: str, options: dict) -> dict:
     from pipeline.build import build
 
-    build(model, target, until=PREPARE_UNTIL, **options)
+    try:
+        build(model, target, until=PREPARE_UNTIL, **options)
+    except PipelineError as err:  # the build's own one line, for `_finish` to hand on as the row
+        return _failed(err)
     return _where()
 
 
 def _finish(model: str, target: str, options: dict, prepared: dict | None = None) -> dict:
     """One build to the end (the stages `_prepare` cached are reused); its row of the fleet table. `prepared` is
-    `_prepare`'s result, passed so that Ray runs this task after it."""
+    `_prepare`'s result, passed so that Ray runs this task after it (a failed one is the row)."""
     from pipeline.build import build
 
+    if prepared and prepared.get("status") == "failed":
+        return prepared
     try:
         manifest = build(model, target, **options)
     except PipelineError as err:
-        return {"status": "failed", "error": str(err).splitlines()[0], **_where()}
+        return _failed(err)
     chosen = next((r for r in manifest.stages if r.name == "search"), None)
     verdict = manifest.stage("validate").metrics.get("verdict", [])
     return {
@@ -128,11 +148,18 @@ def _connect(cluster: str, resources: set[str]) -> None:
         )
 
 
-def fleet(models: list[str], targets: list[str], cluster: str | None = None, **options) -> list[dict]:
+def fleet(
+    models: list[str], targets: list[str], cluster: str | None = None, node_grace_s: float = NODE_GRACE_S, **options
+) -> list[dict]:
     """Build every model for every target; one row per build (model, target, status, chosen, accuracy, node).
-    With `cluster` (ray://host:port or host:port) each build runs as Ray tasks; without, here, in turn."""
+    With `cluster` (ray://host:port or host:port) each build runs as Ray tasks; without, here, in turn. A build
+    whose class has had no live node for `node_grace_s` seconds is a failed row."""
     from pipeline.targets import load_target
 
+    # Paths as this driver sees them: a task on another node runs in another working directory.
+    models = [str(Path(m).resolve()) for m in models]
+    targets = [str(Path(t).resolve()) if t.endswith(".toml") else t for t in targets]
+    options = {k: str(Path(v).resolve()) if k in PATH_OPTIONS and v is not None else v for k, v in options.items()}
     specs = {t: load_target(t) for t in targets}  # a bad target is refused before any work
     jobs = [(m, t) for m in models for t in targets]
     if cluster is None:
@@ -149,15 +176,61 @@ def fleet(models: list[str], targets: list[str], cluster: str | None = None, **o
     pending = []
     for model, target in jobs:
         prepared = prepare.remote(model, target, options)
-        resources = {needed[target]: 0.001} if needed[target] else {}
-        pending.append(((model, target), finish.options(resources=resources).remote(model, target, options, prepared)))
-    rows = []
-    for (model, target), ref in pending:
-        try:
-            rows.append({"model": model, "target": target, **ray.get(ref)})
-        except Exception as err:  # a task Ray gave up on after its retries: a row, not the end of the fleet
-            rows.append({"model": model, "target": target, "status": "failed", "error": str(err).splitlines()[0]})
-    return rows
+        resource = needed[target]
+        # A finish takes every CPU of its node: the search and tune time candidates on all cores, so no other task
+        # of the fleet may share them.
+        settings = {"resources": {resource: 0.001}, "num_cpus": _node_cpus(ray, resource)} if resource else {}
+        finished = finish.options(**settings).remote(model, target, options, prepared)
+        pending.append(((model, target), resource, prepared, finished))
+    return [
+        {"model": model, "target": target, **_result(ray, finished, prepared, resource, node_grace_s)}
+        for (model, target), resource, prepared, finished in pending
+    ]
+
+
+def _node_cpus(ray, resource: str) -> float:
+    """The CPUs of the smallest live node advertising `resource`."""
+    cpus = [n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+    return min(cpus, default=1.0)
+
+
+def _result(ray, ref, prepared, resource: str | None, grace_s: float) -> dict:
+    """A build's row: the task's result, or a failed row with its error's first line. A build whose host-independent
+    part failed is that failure's row, with no need of a node of its class; one whose class has had no live node
+    for `grace_s` seconds is cancelled and named as such, never waited for forever."""
+    lost = 0.0
+    while not ray.wait([ref], timeout=POLL_S)[0]:
+        if ray.wait([prepared], timeout=0)[0]:
+            early = _outcome(ray, prepared)
+            if early.get("status") == "failed":
+                ray.cancel(ref, force=True)
+                return early
+        alive = any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()) if resource else True
+        lost = 0.0 if alive else lost + POLL_S
+        if lost >= grace_s:
+            ray.cancel(ref, force=True)
+            return {
+                "status": "failed",
+                "error": f"no live node advertises {resource} (for {grace_s:.0f} s); start one with the line "
+                "`pipeline host --ray-resources` prints, then build again",
+            }
+    return _outcome(ray, ref)
+
+
+def _outcome(ray, ref) -> dict:
+    """A finished task's result, or a failed row with its error's first line."""
+    try:
+        return ray.get(ref)
+    except Exception as err:  # a task Ray gave up on after its retries: a row, not the end of the fleet
+        cause = getattr(err, "cause", None) or err  # a RayTaskError's own first line names the task, not the error
+        return {"status": "failed", "error": _plain((str(cause).splitlines() or [type(cause).__name__])[0])}
+
+
+def _plain(text: str) -> str:
+    """`text` without terminal colour codes (Ray's task errors carry them)."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def fleet_table(rows: list[dict]) -> str:

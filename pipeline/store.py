@@ -106,16 +106,30 @@ def remove_stale_staging(root: Path) -> None:
 # Locks
 
 
+def _lock_fd(path: Path, flags: int) -> int:
+    """A descriptor of `path` to flock, never through a symlink: opened for writing where allowed, since NFS (which
+    emulates flock with fcntl locks) grants an exclusive lock only on a file open for writing; read-only where the
+    file is another user's, which a local file system locks all the same."""
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_RDWR, 0o644)
+    except PermissionError:
+        return os.open(path, flags | os.O_RDONLY, 0o644)
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: Path, refused: Callable[[OSError], PipelineError]):
     """An exclusive flock on the file `path`, made if missing and never through a symlink; `refused(err)` is the
     error raised where it cannot be opened."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = _lock_fd(path, os.O_CREAT)
     except OSError as err:
         raise refused(err) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # a file system without flock (or NFS refusing it)
+            raise refused(err) from None
         yield
     finally:
         os.close(fd)
@@ -207,15 +221,16 @@ def _owner_dead(scratch: Path) -> bool:
     """Whether the build that made this scratch folder is gone: its lock is free (or it never took one and the
     folder is old)."""
     try:
-        handle = open(scratch / OWNER)
+        fd = _lock_fd(scratch / OWNER, 0)
     except FileNotFoundError:
         return time.time() - scratch.stat().st_mtime > UNOWNED_SCRATCH_S
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def remove_dead_scratch(stage_dir: Path) -> list[Path]:
@@ -231,8 +246,7 @@ def remove_dead_scratch(stage_dir: Path) -> list[Path]:
 
 def _open_lease(path: Path, create: bool = True) -> int:
     # O_NOFOLLOW: a symlink planted as a lease file is an error (ELOOP), never a file elsewhere created or locked.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    return os.open(path, flags, 0o644)
+    return _lock_fd(path, os.O_CREAT if create else 0)
 
 
 def _take_lease(entry: Path) -> int:

@@ -48,9 +48,9 @@ def _worker_pids() -> list[int]:
     return sorted(pids)
 
 
-def _kill_worker_when_building(cache: Path, resource: str, restarted: dict) -> None:
+def _kill_worker_when_building(cache: Path, resource: str, restarted: dict, for_good: bool = False) -> None:
     """Once a validate stage is being written (a build is past its host-independent stages), kill the worker node
-    and start it again."""
+    and (unless `for_good`) start it again."""
     deadline = time.time() + 240
     while time.time() < deadline and not list((cache / "validate").glob(".tmp-*")):
         time.sleep(0.05)
@@ -60,6 +60,8 @@ def _kill_worker_when_building(cache: Path, resource: str, restarted: dict) -> N
         except ProcessLookupError:
             pass
     restarted["killed_at"] = time.time()
+    if for_good:
+        return
     time.sleep(3)
     _start(resource, head=False)
     restarted["back_at"] = time.time()
@@ -92,7 +94,7 @@ def main(spec_path: str, result_path: str) -> None:
         if spec.get("kill_worker"):
             killer = threading.Thread(
                 target=_kill_worker_when_building,
-                args=(Path(spec["cache_dir"]), spec["worker_resource"], restarted),
+                args=(Path(spec["cache_dir"]), spec["worker_resource"], restarted, spec["kill_worker"] == "for good"),
                 daemon=True,
             )
             killer.start()
@@ -106,7 +108,10 @@ def main(spec_path: str, result_path: str) -> None:
                 fleet(spec["models"], [spec["missing_target"]], f"{HEAD}:{PORT}", **options)
             except TargetError as err:
                 result["missing"] = str(err)
-        result["rows"] = fleet(spec["models"], spec["targets"], f"{HEAD}:{PORT}", **options)
+        grace = {"node_grace_s": spec["node_grace_s"]} if "node_grace_s" in spec else {}
+        started = time.time()
+        result["rows"] = fleet(spec["models"], spec["targets"], f"{HEAD}:{PORT}", **grace, **options)
+        result["fleet_seconds"] = time.time() - started
         result["restarted"] = restarted
         result["nodes"] = [{"id": n["NodeID"], "resources": n["Resources"], "alive": n["Alive"]} for n in ray.nodes()]
         result["listeners"] = _listeners()

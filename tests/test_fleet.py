@@ -39,7 +39,8 @@ needs_namespace = pytest.mark.skipif(
 
 def test_host_resources_and_ray_start_line_name_this_hosts_class():
     assert host_resources()[f"kernel_class:{OWN}"] == 1.0
-    assert ray_start_line("10.0.0.1:6379").startswith("ray start --address=10.0.0.1:6379 --resources='{")
+    line = ray_start_line("10.0.0.1:6379")
+    assert line.startswith("RAY_AUTH_MODE=token ray start --address=10.0.0.1:6379 --resources='{")
     assert f'"kernel_class:{OWN}":1.0' in ray_start_line()
 
 
@@ -144,3 +145,23 @@ def test_killing_the_worker_mid_build_still_publishes_once_it_is_back(tiny_bert,
     assert row["status"] == "published", row
     verify_artifact(row["path"])
     assert not list((tmp_path / "a").rglob(".staging*")) and not list((tmp_path / "a").rglob(".tmp*"))
+
+
+@pytest.mark.slow
+@needs_namespace
+def test_a_class_whose_only_node_dies_for_good_is_a_failed_row_and_a_bad_model_its_own_line(
+    tiny_bert, texts_file, tmp_path
+):
+    targets = _targets(tmp_path)[1:]  # the target whose class only the worker has
+    not_a_checkpoint = tmp_path / "empty"
+    not_a_checkpoint.mkdir()
+    spec = _spec(tiny_bert, texts_file, targets, tmp_path, kill_worker="for good", node_grace_s=10)
+    spec["models"] = [str(tiny_bert), str(not_a_checkpoint)]
+    result = _run_cluster(tmp_path, spec)
+    rows = {Path(r["model"]).name: r for r in result["rows"]}
+    lost = rows[tiny_bert.name]
+    assert lost["status"] == "failed" and lost["error"].startswith(f"no live node advertises kernel_class:{OTHER}")
+    bad = rows["empty"]  # the build's own one-line error, not Ray's task header
+    assert bad["status"] == "failed" and "has no config.json" in bad["error"] and "\x1b" not in bad["error"]
+    assert result["fleet_seconds"] < 300
+    assert not list((tmp_path / "a").rglob("manifest.json"))  # nothing half-published
