@@ -343,7 +343,8 @@ def serve_forever(artifact, **options) -> None:
     import click
 
     url = deploy(artifact, **options)
-    click.echo(f"serving {artifact} at {url} ({json.dumps(status())}); Ctrl-C stops")
+    where = f" on each node of the cluster at {options['address']}" if options.get("address") else ""
+    click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}); Ctrl-C stops")
     try:
         while True:
             time.sleep(3600)
