@@ -228,6 +228,28 @@ def _engine_caches(stale: list[Path]) -> list[Path]:
     return caches
 
 
+def _check_artifacts_dir(artifacts_dir: Path) -> None:
+    """Refuse an artifacts folder gc would read as holding no published version, which would make every cache entry
+    unreferenced: a missing path, a file, or a model's, version's or artifact's own folder."""
+    if not artifacts_dir.is_dir():
+        raise InputError(
+            f"--artifacts-dir {artifacts_dir} is not a folder; gc would find no published version and remove every "
+            "cache entry. Pass the artifacts folder builds publish to (default: ./artifacts)"
+        )
+    inner = None
+    if (artifacts_dir / MANIFEST_NAME).exists():
+        inner = "a published artifact's folder"
+    elif (artifacts_dir / "latest").is_dir() or any(version_number(p.name) is not None for p in artifacts_dir.iterdir()):
+        inner = "a model's folder"
+    elif any((p / MANIFEST_NAME).exists() for p in artifacts_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+        inner = "a version's folder"
+    if inner:
+        raise InputError(
+            f"--artifacts-dir {artifacts_dir} is {inner}, not the artifacts folder that holds <model>/vN/<target>; "
+            "pass that folder (default: ./artifacts), or gc would count what lies beside it as unreferenced"
+        )
+
+
 def collect(
     artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S, dry_run: bool = False
 ) -> Collection:
@@ -236,8 +258,9 @@ def collect(
     artifacts_dir, cache_dir = Path(artifacts_dir), Path(cache_dir)
     if keep is not None and keep < 1:
         raise InputError(f"--keep {keep} would remove every version; pass --keep 1 or more, or leave it out")
-    if min_age_s < 0:
-        raise InputError(f"--min-age {min_age_s} is negative; pass 0 or more seconds")
+    if not min_age_s >= 0 or min_age_s == float("inf"):  # NaN compares false
+        raise InputError(f"--min-age {min_age_s} is not a number of seconds >= 0; pass 0 or more seconds")
+    _check_artifacts_dir(artifacts_dir)
     found = Collection()
     models = _published(artifacts_dir, Collection())
     with gc_lock(cache_dir), contextlib.ExitStack() as stack:

@@ -104,6 +104,7 @@ def test_gc_never_removes_a_referenced_version_or_cache_entry(builds, rollbacks,
 
 
 def test_gc_keeps_young_entries_a_running_build_may_need(tmp_path):
+    (tmp_path / "artifacts").mkdir()  # nothing published yet
     entry = tmp_path / "cache" / "export" / KEYS[0]
     entry.mkdir(parents=True)
     (entry / "record.json").write_text("{}")
@@ -363,3 +364,30 @@ def test_gc_removes_the_engine_cache_of_an_old_version_and_keeps_the_kept_ones(t
     (linked / "v1-a100").symlink_to(outside, target_is_directory=True)
     collect(tmp_path / "again" / "artifacts", tmp_path / "again" / "cache", keep=1, min_age_s=0)
     assert (outside / "keep.plan").is_file()
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("missing", "is not a folder"),
+        ("model", "is a model's folder"),
+        ("version", "is a version's folder"),
+        ("artifact", "is a published artifact's folder"),
+    ],
+)
+def test_gc_refuses_an_artifacts_dir_that_would_make_every_entry_unreferenced(tmp_path, where, says):
+    keys = dict.fromkeys(STAGES, KEYS[0])
+    _publish(tmp_path, [("model-a", "cpu-avx2", keys)], [0])
+    model = tmp_path / "artifacts" / "model-a"
+    folder = {
+        "missing": tmp_path / "nothing",
+        "model": model,
+        "version": model / "v1",
+        "artifact": model / "v1" / "cpu-avx2",
+    }[where]
+    before = _state(tmp_path)
+    with pytest.raises(InputError, match=says) as err:
+        collect(folder, tmp_path / "cache", min_age_s=0)
+    assert "\n" not in str(err.value) and _state(tmp_path) == before
+    with pytest.raises(InputError, match="not a number of seconds"):
+        collect(tmp_path / "artifacts", tmp_path / "cache", min_age_s=float("nan"))
