@@ -236,12 +236,12 @@ def _check_artifacts_dir(artifacts_dir: Path) -> None:
             f"--artifacts-dir {artifacts_dir} is not a folder; gc would find no published version and remove every "
             "cache entry. Pass the artifacts folder builds publish to (default: ./artifacts)"
         )
-    inner = None
+    inner, children = None, list(artifacts_dir.iterdir())
     if (artifacts_dir / MANIFEST_NAME).exists():
         inner = "a published artifact's folder"
-    elif (artifacts_dir / "latest").is_dir() or any(version_number(p.name) is not None for p in artifacts_dir.iterdir()):
+    elif (artifacts_dir / "latest").is_dir() or any(version_number(p.name) is not None for p in children):
         inner = "a model's folder"
-    elif any((p / MANIFEST_NAME).exists() for p in artifacts_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+    elif any((p / MANIFEST_NAME).exists() for p in children if p.is_dir() and not p.is_symlink()):
         inner = "a version's folder"
     if inner:
         raise InputError(
