@@ -21,6 +21,7 @@ from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.manifest import Manifest
 from pipeline.recipes import checked_target
 from pipeline.stages import checkpoint, engine, export, fp16, optimize, publish, quantize, search, tune, validate
+from pipeline.store import check_outside_artifacts
 from pipeline.targets import TARGETS_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,6 +109,8 @@ def build(
     if spec.calibrates:
         check_calibration(calibration_texts, calibration, spec.quantize.calibration_examples)
         check_held_out(held_out, calibration_texts, validation, calibration)
+    check_outside_artifacts(Path(artifacts_dir), "--artifacts-dir")
+    check_outside_artifacts(Path(cache_dir), "--cache-dir")
     _check_writable(Path(artifacts_dir))
     if model is None:
         source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from pipeline.errors import PipelineError, TargetError
+from pipeline.errors import PipelineError, QuantizationError, TargetError
 from pipeline.summary import candidate_table, verdict_table
 
 
@@ -148,7 +148,13 @@ def inspect_artifact(artifact, as_json) -> None:
     metavar="N,N",
     help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)",
 )
-@click.option("--method", default="entropy", show_default=True, help="calibration method for --calibration-memory")
+@click.option(
+    "--method",
+    type=click.Choice(["minmax", "entropy", "percentile"]),
+    default="entropy",
+    show_default=True,
+    help="calibration method for --calibration-memory",
+)
 @click.option(
     "--genai",
     "genai",
@@ -159,7 +165,9 @@ def inspect_artifact(artifact, as_json) -> None:
 def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai) -> None:
     """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
     from pipeline.bench import markdown, run
+    from pipeline.bench.common import check_out
 
+    check_out(out)
     if profile:
         from pipeline.bench.profile import markdown as profile_markdown
         from pipeline.bench.profile import profile as profile_artifact
@@ -175,9 +183,14 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
         try:
             counts = [int(n) for n in calibration.split(",")]
         except ValueError:
-            message = f"{calibration!r} is not a comma-separated list of counts, e.g. 1000,10000"
-            raise click.BadParameter(message) from None
-        click.echo(calibration_lines(calibration_memory(artifact, cache_dir, counts, method)))
+            counts = []
+        if not counts or min(counts) < 1:
+            message = f"{calibration!r} is not a comma-separated list of positive counts, e.g. 1000,10000"
+            raise click.BadParameter(message)
+        rows = calibration_memory(artifact, cache_dir, counts, method)
+        click.echo(calibration_lines(rows))
+        if any(row.get("error") for row in rows):
+            raise QuantizationError("a calibration run failed (its row above says why)")
         return
     bad = [g for g in genai if "=" not in g]
     if bad:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, CacheError, InputError, PipelineError
+from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA
 
 VERSION_FOLDER = re.compile(r"^v(\d+)$")
 LATEST = "latest"
@@ -54,6 +56,43 @@ def version_number(name: str) -> int | None:
     """N for a version folder's name `vN`, else None."""
     match = VERSION_FOLDER.match(name)
     return int(match.group(1)) if match else None
+
+
+def _is_manifest(path: Path) -> bool:
+    """Whether `path` is a published artifact's manifest (ours: our schema, with its digest)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 24:
+            return False
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("schema") == MANIFEST_SCHEMA and "manifest_sha256" in manifest
+
+
+def artifact_holding(path: Path) -> Path | None:
+    """The published artifact, or artifact version folder, that `path` (resolved) lies in or is; None if none."""
+    real = Path(path).resolve()
+    for folder in (real, *real.parents):
+        if _is_manifest(folder / MANIFEST_NAME):
+            return folder
+        if version_number(folder.name) is not None and folder.is_dir():
+            try:
+                if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
+                    return folder
+            except OSError:  # a folder it cannot list is no artifact version it can tell
+                continue
+    return None
+
+
+def check_outside_artifacts(path: Path, what: str) -> None:
+    """Refuse, in one line, a folder to write into that lies inside a published artifact (a file added to one fails
+    its verification, and a version folder holds only its targets)."""
+    holder = artifact_holding(path)
+    if holder is not None:
+        raise InputError(
+            f"{what} {path} lies inside the published artifact {holder}, which must not change; pass a folder "
+            "outside every artifact"
+        )
 
 
 def version_folders(root: Path) -> list[tuple[int, Path]]:

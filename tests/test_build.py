@@ -159,6 +159,15 @@ def test_build_checks_the_artifacts_folder_before_the_first_stage(tiny_bert, tex
     assert not build_dirs["cache_dir"].exists()
 
 
+@pytest.mark.parametrize("option", ["artifacts_dir", "cache_dir"])
+def test_build_refuses_folders_inside_a_published_artifact(option, tiny_bert, texts_file, published, tmp_path):
+    before = sorted(p.name for p in published.iterdir())
+    dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c", option: published / "inside"}
+    with pytest.raises(InputError, match="lies inside the published artifact") as err:
+        build(tiny_bert, "cpu-fp32", validation=texts_file, calibration=texts_file, **dirs)
+    assert "\n" not in str(err.value) and sorted(p.name for p in published.iterdir()) == before
+
+
 def test_build_removes_a_latest_link_left_by_a_killed_publish(tiny_bert, texts_file, build_dirs):
     first = _build(tiny_bert, texts_file, build_dirs, target="cpu-avx2-dynamic")
     latest = build_dirs["artifacts_dir"] / "tiny-bert" / "latest"

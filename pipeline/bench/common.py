@@ -33,6 +33,24 @@ def bench_folder(real: Path, manifest: dict) -> Path:
     return real.parent.parent / "bench" / f"{manifest['version']}-{manifest['target']}"
 
 
+def check_out(out: str | Path | None) -> None:
+    """Refuse, before anything runs, an --out that lies inside a published artifact or cannot be written."""
+    import tempfile
+
+    from pipeline.errors import InputError
+    from pipeline.store import check_outside_artifacts
+
+    if out is None:
+        return
+    check_outside_artifacts(Path(out), "--out")
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise InputError(f"--out {out} cannot be written ({err.strerror or err}); pass a writable folder") from None
+
+
 def write_results(results: dict, text: str, out: str | Path) -> Path:
     """Write the results (bench.json) and their Markdown `text` (bench.md) into `out`; returns it."""
     out = Path(out)

@@ -23,9 +23,10 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError, ServingError
-from pipeline.runtime.artifact import MANIFEST_NAME, MANIFEST_SCHEMA, sha256_file, verify_artifact
+from pipeline.runtime.artifact import MANIFEST_NAME, sha256_file, verify_artifact
 from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
 from pipeline.serving.triton_settings import backend_settings, graph_refusal
+from pipeline.store import artifact_holding
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
@@ -38,7 +39,6 @@ GRAPH_PLATFORMS = {
 # A model's name is its folder in the repository and a segment of Triton's URLs (/v2/models/<name>): no separator,
 # no dot (so never "." or ".."), nothing a shell or URL must escape.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
-VERSION_FOLDER = re.compile(r"v\d+")
 
 
 def model_config_class():
@@ -245,35 +245,9 @@ def check_model_name(name: str) -> None:
         )
 
 
-def _is_manifest(path: Path) -> bool:
-    """Whether `path` is a published artifact's manifest (ours: our schema, with its digest)."""
-    try:
-        if not path.is_file() or path.stat().st_size > 1 << 24:
-            return False
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("schema") == MANIFEST_SCHEMA and "manifest_sha256" in manifest
-
-
-def artifact_holding(path: Path) -> Path | None:
-    """The published artifact, or artifact version folder, that `path` (resolved) lies in or is; None if none."""
-    real = Path(path).resolve()
-    for folder in (real, *real.parents):
-        if _is_manifest(folder / MANIFEST_NAME):
-            return folder
-        if VERSION_FOLDER.fullmatch(folder.name) and folder.is_dir():
-            try:
-                if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
-                    return folder
-            except OSError:  # a folder it cannot list is no artifact version it can tell
-                continue
-    return None
-
-
 def _check_out_dir(out: Path) -> None:
     """Refuse, in one line, an OUT_DIR that is a file, not empty, or inside an immutable artifact."""
-    holder = artifact_holding(out)
+    holder = artifact_holding(out)  # its own message: what a Triton repository inside an artifact breaks
     if holder is not None:
         raise InputError(
             f"{out} lies inside the published artifact {holder}, which must not change (a file added to it fails "

@@ -83,6 +83,19 @@ def test_bench_without_cache_measures_what_it_has(published, tmp_path):
     assert "Not in the stage cache" in (tmp_path / "bench.md").read_text()
 
 
+def test_bench_refuses_an_out_folder_inside_an_artifact_or_unwritable_before_running(published, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out, says in ((published / "bench", "lies inside the published artifact"), (blocker / "x", "cannot be written")):
+        result = CliRunner().invoke(main, ["bench", str(published), "--out", str(out), "--quick", "--profile"])
+        assert result.exit_code != 0 and says in result.output and "Traceback" not in result.output
+    assert not (published / "bench").exists()
+
+
 def test_calibration_memory_reports_each_count(published):
     from pipeline.bench.calibration import calibration_memory
 
