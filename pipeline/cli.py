@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from pipeline.errors import PipelineError, QuantizationError, TargetError
+from pipeline.errors import InputError, PipelineError, QuantizationError, TargetError
 from pipeline.summary import candidate_table, verdict_table
 
 
@@ -73,7 +73,8 @@ def build(
         "validation": validation,
         "calibration": calibration,
     }
-    if models_file or target_list or cluster:
+    _check_build_options(locals())
+    if models_file is not None or target_list is not None or cluster is not None:
         _fleet(model, target, models_file, target_list, cluster, {k: v for k, v in options.items() if v})
         return
 
@@ -270,8 +271,13 @@ def targets(targets_dir) -> None:
     from pipeline.targets import TARGETS_DIR, available_targets, load_target
 
     folder = Path(targets_dir) if targets_dir else TARGETS_DIR
+    if not folder.is_dir():
+        raise TargetError(f"--targets-dir {folder} is not a folder; pass the folder of target .toml files")
+    names = available_targets(folder)
+    if not names:
+        raise TargetError(f"--targets-dir {folder} holds no .toml target files; pass the folder that does")
     broken = []
-    for name in available_targets(folder):
+    for name in names:
         try:
             spec = load_target(name, folder)
         except PipelineError as err:
@@ -285,6 +291,30 @@ def targets(targets_dir) -> None:
         sys.exit(TargetError.exit_code)
 
 
+def _check_build_options(given: dict) -> None:
+    """Refuse, in one line, an empty option (it would fall back to a default) and options a fleet does not take
+    beside those that make one."""
+    from click.core import ParameterSource
+
+    names = {k: f"--{k.replace('_', '-')}" for k in ("model", "target", "name", "task", "cluster", "calibration")}
+    names |= {k: f"--{k.replace('_', '-')}" for k in ("artifacts_dir", "cache_dir", "validation")}
+    names |= {"models_file": "--models", "target_list": "--targets"}
+    empty = [names[k] for k in names if isinstance(given.get(k), str) and not given[k].strip()]
+    if empty:
+        raise InputError(f"{empty[0]} is empty; pass a value, or leave the option out for its default")
+    fleet = [names[k] for k in ("models_file", "target_list", "cluster") if given.get(k) is not None]
+    if not fleet:
+        return
+    context = click.get_current_context()
+    clashing = [("--model", "--models")] if given["model"] and given["models_file"] else []
+    if given["target_list"] and context.get_parameter_source("target") == ParameterSource.COMMANDLINE:
+        clashing.append(("--target", "--targets"))
+    clashing += [(names[k], fleet[0]) for k in ("name", "task") if given.get(k)]
+    if clashing:
+        one, other = clashing[0]
+        raise InputError(f"{one} does not go with {other}; a fleet takes --models, --targets and --cluster")
+
+
 def _fleet(model, target, models_file, target_list, cluster, options: dict) -> None:
     from pipeline.fleet import fleet, fleet_table, read_models
 
@@ -292,6 +322,8 @@ def _fleet(model, target, models_file, target_list, cluster, options: dict) -> N
     if not models:
         raise click.UsageError("a fleet needs --models FILE (or --model FOLDER)")
     targets = [t.strip() for t in (target_list or target).split(",") if t.strip()]
+    if not targets:
+        raise InputError(f"--targets {target_list!r} names no target; pass names separated by commas")
     rows = fleet(models, targets, cluster, **options)
     click.echo(fleet_table(rows))
     if any(r["status"] == "failed" for r in rows):

@@ -35,11 +35,19 @@ def test_cli_targets_lists_every_target():
         (["--target", "cpu-avx9"], 2, "unknown target 'cpu-avx9'"),
         (["--model", "/nonexistent/ckpt"], 3, "is not a folder"),
         (["--task", "translation"], 3, "task 'translation' is not supported"),
+        (["--task", ""], 3, "--task is empty; pass a value"),
+        (["--models", ""], 3, "--models is empty"),
+        (["--targets", ",,"], 3, "--targets ',,' names no target"),
+        (["--target", "cpu-fp32", "--targets", "cpu-avx2"], 3, "--target does not go with --targets"),
+        (["--name", "n", "--targets", "cpu-fp32"], 3, "--name does not go with --targets"),
+        (["--target", "tt.toml"], 2, "cannot read target file"),  # a folder named like a target file
     ],
 )
 def test_cli_build_bad_input_is_one_line_error(args, code, message, tiny_bert, tmp_path):
     if "--model" not in args:
         args = ["--model", str(tiny_bert), *args]
+    (tmp_path / "tt.toml").mkdir()
+    args = [str(tmp_path / a) if a == "tt.toml" else a for a in args]
     out = _cli("build", *args, "--artifacts-dir", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c"))
     assert out.returncode == code, out.stderr
     lines = out.stderr.strip().splitlines()
@@ -154,6 +162,11 @@ def test_cli_targets_lists_the_good_targets_and_names_a_broken_file(tmp_path):
     assert out.returncode == 2
     assert "cpu-fp32" in out.stdout and "a100" in out.stdout
     assert "broken.toml: not valid TOML" in out.stderr
+    (folder / "sub.toml").mkdir()  # a folder named like a target file is not one
+    assert "sub" not in _cli("targets", "--targets-dir", str(folder)).stdout.split()
+    for missing in (tmp_path / "nothing", folder / "cpu-fp32.toml"):
+        out = _cli("targets", "--targets-dir", str(missing))
+        assert out.returncode == 2 and "is not a folder" in out.stderr
 
 
 def test_cli_version_prints_the_package_version():

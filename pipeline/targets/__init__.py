@@ -260,6 +260,8 @@ def target_from_toml(path: Path) -> Target:
         table = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TargetError(f"target file {path} does not exist") from None
+    except OSError as err:  # a folder named like a target file, or one it cannot read
+        raise TargetError(f"cannot read target file {path} ({err.strerror or err}); pass a .toml file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise TargetError(f"{path}: not valid TOML ({err}). Fix the syntax.") from None
     target = dataclass_from_table(Target, table, path, choices=CHOICES, ranges=RANGES)
@@ -280,7 +282,7 @@ def target_from_toml(path: Path) -> Target:
 
 def available_targets(targets_dir: Path = TARGETS_DIR) -> list[str]:
     """Names of the target files in `targets_dir`."""
-    return sorted(p.stem for p in Path(targets_dir).glob("*.toml"))
+    return sorted(p.stem for p in Path(targets_dir).glob("*.toml") if p.is_file())
 
 
 def native_target(kernel_class: str) -> str:

@@ -90,7 +90,8 @@ def test_bench_refuses_an_out_folder_inside_an_artifact_or_unwritable_before_run
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    for out, says in ((published / "bench", "lies inside the published artifact"), (blocker / "x", "cannot be written")):
+    cases = ((published / "bench", "lies inside the published artifact"), (blocker / "x", "cannot be written"))
+    for out, says in cases:
         result = CliRunner().invoke(main, ["bench", str(published), "--out", str(out), "--quick", "--profile"])
         assert result.exit_code != 0 and says in result.output and "Traceback" not in result.output
     assert not (published / "bench").exists()
