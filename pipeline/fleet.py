@@ -50,6 +50,10 @@ AUTH_NOTE = (
 def ray_start_line(head: str | None = None) -> str:
     """The `ray start` command that joins this host to a fleet cluster with its classes advertised, with Ray's token
     authentication on (Ray 2.60 turns it on only where asked or where a token already exists)."""
+    import re
+
+    if head is not None and not re.fullmatch(r"[A-Za-z0-9.-]+:\d{1,5}", head):
+        raise InputError(f"--head {head!r} is not host:port (e.g. 10.0.0.1:6379); pass the head node's address")
     resources = json.dumps(host_resources(), separators=(",", ":"))
     where = f"--address={head}" if head else "--head --port=6379"
     return f"RAY_AUTH_MODE=token ray start {where} --resources='{resources}'"

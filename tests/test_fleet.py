@@ -39,6 +39,8 @@ needs_namespace = pytest.mark.skipif(
 
 def test_host_resources_and_ray_start_line_name_this_hosts_class():
     assert host_resources()[f"kernel_class:{OWN}"] == 1.0
+    with pytest.raises(InputError, match="is not host:port"):
+        ray_start_line("x; rm -rf /")
     line = ray_start_line("10.0.0.1:6379")
     assert line.startswith("RAY_AUTH_MODE=token ray start --address=10.0.0.1:6379 --resources='{")
     assert f'"kernel_class:{OWN}":1.0' in ray_start_line()

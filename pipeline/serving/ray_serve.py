@@ -51,7 +51,10 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """A ServingError within `timeout_s` when nothing answers at a Ray address (ray://host:port or host:port):
     ray.init itself waits up to minutes on a dead address."""
     parsed = urlparse(address if "://" in address else f"gcs://{address}")
-    host, port = parsed.hostname, parsed.port
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:  # a port that is not a number from 0 to 65535
+        host, port = None, None
     if not host or not port:
         raise InputError(f"--address {address!r} is not host:port or ray://host:port")
     try:

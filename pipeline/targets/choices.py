@@ -48,6 +48,7 @@ CHOICES = {
     ("quantize", "calibration_method"): CALIBRATION_METHODS,
     ("shapes", "overlong"): OVERLONG,
     ("tensorrt", "hardware_compatibility"): HARDWARE_COMPATIBILITY,
+    ("optimize", "level"): (0, 1, 2, 99),  # ONNX Runtime's transformer optimizer takes these opt_levels only
     ("runtime", "graph_optimization_level"): GRAPH_LEVELS,
     ("runtime", "execution_mode"): EXECUTION_MODES,
     ("runtime", "candidate_execution_modes"): EXECUTION_MODES,
@@ -56,7 +57,6 @@ CHOICES = {
 
 # (section, key) -> (lowest, highest); None leaves that side open. Checked where targets are parsed, nowhere else.
 RANGES = {
-    ("optimize", "level"): (0, 99),
     ("quantize", "smooth_alpha"): (0.0, 1.0),
     ("quantize", "smooth_alphas"): (0.0, 1.0),
     ("quantize", "percentile"): (50.0, 100.0),

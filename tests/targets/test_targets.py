@@ -126,6 +126,7 @@ def test_target_from_toml_accepts_or_raises_target_error_for_any_value(tmp_path_
         ("accuracy__cosine_min", 1.5, "'accuracy.cosine_min': 1.5 is out of range"),
         ("tensorrt__workspace_mb", 0, "'tensorrt.workspace_mb': 0 is out of range; it must be at least 1"),
         ("runtime__candidate_threads", [2, 0], "'runtime.candidate_threads': 0 is out of range"),
+        ("optimize__level", 7, "'optimize.level'"),  # ONNX Runtime's optimizer takes 0, 1, 2 or 99 only
     ],
 )
 def test_target_from_toml_refuses_out_of_range_values_naming_the_key(tmp_path, key, value, message):
