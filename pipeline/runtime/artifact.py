@@ -106,12 +106,30 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
+def _where_artifacts_are(root: Path) -> str:
+    """The fix for a path that is no artifact: the artifact folders one or two levels inside it, where it holds
+    some (a model's, a version's or the latest folder)."""
+    if root.is_file():
+        return f"Pass the folder that holds {root.name}: <model>/<version>/<target>."
+    inside = []
+    try:
+        for child in sorted(root.iterdir())[:64] if root.is_dir() else ():
+            grandchildren = sorted(child.iterdir())[:64] if child.is_dir() else []
+            inside += [f for f in (child, *grandchildren) if (f / MANIFEST_NAME).is_file()]
+    except OSError:  # a folder it cannot list holds nothing it can name
+        pass
+    if inside:
+        names = ", ".join(str(f.relative_to(root)) for f in inside[:3]) + (", ..." if len(inside) > 3 else "")
+        return f"It holds artifacts: pass one of them ({names})."
+    return "Build one with `make build`, then pass its <model>/<version>/<target> (or latest/<target>) folder."
+
+
 def _read_manifest(path: Path, root: Path) -> dict:
     manifest_path = root / MANIFEST_NAME
     if manifest_path.is_symlink():
         raise ArtifactError(f"{manifest_path} is a symlink (to {os.readlink(manifest_path)}); it must be a plain file")
     if not manifest_path.is_file():
-        raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not a published artifact. Build one with `make build`.")
+        raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not a published artifact. {_where_artifacts_are(root)}")
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

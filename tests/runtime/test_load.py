@@ -105,6 +105,18 @@ def test_load_refuses_a_listed_name_that_is_not_a_plain_file_name_in_one_line(ar
     assert "\n" not in str(err.value) and "\x00" not in str(err.value)
 
 
+def test_load_of_a_model_or_version_folder_names_the_artifacts_inside(published):
+    for folder, names in (
+        (published.parent.parent, f"{published.parent.name}/{published.name}"),
+        (published.parent, published.name),
+    ):
+        with pytest.raises(ArtifactError, match=f"It holds artifacts: pass one of them \\(.*{names}") as err:
+            load(folder)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ArtifactError, match="Pass the folder that holds manifest.json"):
+        load(published / "manifest.json")
+
+
 def test_load_refuses_missing_folder(tmp_path):
     with pytest.raises(ArtifactError, match="no artifact at"):
         load(tmp_path / "nothing")
