@@ -430,10 +430,21 @@ def export_triton(artifact, out_dir, name, variants, python_env) -> None:
 
 @main.command()
 @click.argument("artifact")
-@click.option("--replicas", type=int, default=1, show_default=True, help="replicas, each loading the artifact once")
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="replicas, each loading the artifact once",
+)
 @click.option("--address", default=None, help="an existing Ray cluster (ray://host:10001); default: a local one")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port on 127.0.0.1")
-@click.option("--threads", type=int, default=None, help="session threads per replica (default: CPUs // replicas)")
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="session threads per replica (default: CPUs // replicas)",
+)
 @click.option("--max-body-bytes", type=int, default=None, help="largest request body; larger gets 413 (default: 1 MiB)")
 @click.option("--max-texts", type=int, default=None, help="most texts a request; more gets 400 (default: 256)")
 def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts) -> None:

@@ -104,9 +104,13 @@ def _write(folder: Path, config: dict) -> Path:
 
 def _output_dims(artifact: Path) -> list[int]:
     """The per-row shape of the artifact's output, from one probe run through the runtime."""
-    from pipeline.runtime import load
+    import warnings
 
-    return list(load(artifact).run(["probe"]).shape[1:])
+    from pipeline.runtime import EngineFallbackWarning, load
+
+    with warnings.catch_warnings():  # a probe: a TensorRT artifact's shapes are its graph's on the CPU fallback
+        warnings.simplefilter("ignore", EngineFallbackWarning)
+        return list(load(artifact).run(["probe"]).shape[1:])
 
 
 def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
@@ -120,21 +124,29 @@ def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
             shutil.copyfile(artifact / name, folder / "1" / name)
         return {"default_model_filename": manifest["graph"]}
     plans = {}
+    for record, plan in tensorrt_plans(artifact, manifest):
+        shutil.copyfile(plan, folder / "1" / plan.name)
+        plans[record["compute_capability"]] = plan.name
+    return {"cc_model_filenames": plans, "default_model_filename": next(iter(plans.values()))}
+
+
+def tensorrt_plans(artifact: Path, manifest: dict) -> list[tuple[dict, Path]]:
+    """(record, plan) of each engine of a TensorRT artifact's graph in its cache, each plan checked against its
+    record's sha256; a ServingError where one does not match or there is none."""
     cache = engine_cache_dir(artifact, manifest)
-    for record, plan in cached_engines(cache, manifest, manifest["graph"]):
+    plans = cached_engines(cache, manifest, manifest["graph"])
+    for record, plan in plans:
         if plan.is_symlink() or not plan.is_file() or sha256_file(plan) != record.get("plan_sha256"):
             raise ServingError(
                 f"{plan} is missing, a symlink, or does not match its sha256 in {plan.stem}.json; delete both and "
                 "build the engine again with `pipeline engine ARTIFACT`"
             )
-        shutil.copyfile(plan, folder / "1" / plan.name)
-        plans[record["compute_capability"]] = plan.name
     if not plans:
         raise ServingError(
             f"{artifact} is a TensorRT artifact with no engine in its cache {cache}; build one on each GPU kind with "
             "`pipeline engine ARTIFACT`, then export again"
         )
-    return {"cc_model_filenames": plans, "default_model_filename": next(iter(plans.values()))}
+    return plans
 
 
 def _graph_model(artifact: Path, manifest: dict, name: str, out: Path, dims: list[int]) -> Path:
@@ -306,6 +318,8 @@ def repository_from_artifact(
     check_model_name(name)
     if "graph" in variants or "ensemble" in variants:
         backend_settings(artifact, manifest)  # its refusals, before anything runs or is written
+        if manifest["backend"] == "tensorrt":
+            tensorrt_plans(artifact, manifest)
     if why and notify:
         notify(why)
     dims = [] if task == "text-generation" else _output_dims(artifact)

@@ -298,6 +298,7 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
         raise EngineError(f"{artifact} is not a TensorRT target's artifact with engine profiles; nothing to build")
     if graph not in artifact_graphs(published):
         raise EngineError(f"{artifact} has no {graph}; its graphs: {', '.join(artifact_graphs(published))}")
+    texts = read_texts(data or DEFAULT_VALIDATION, "validation")  # bad data is found before the engine is built
     host, reason = gpu_host()
     settings = TensorRT(**published["target_spec"]["tensorrt"])
     reason = _host_problem(host, reason, settings)
@@ -313,7 +314,6 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
     cache_dir.mkdir(parents=True, exist_ok=True)
     scratch.write_bytes(plan)
     try:
-        texts = read_texts(data or DEFAULT_VALIDATION, "validation")
         metric = TASKS[published["model"]["task"]].metric
         batch = published["model"]["batch_size"]
         reference_model = open_model(artifact / graph, artifact / "tokenizer.json", published["model"])
