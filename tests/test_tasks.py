@@ -116,6 +116,28 @@ def test_a_family_the_table_lacks_builds_from_a_fresh_process_on_a_generic_recor
         np.testing.assert_allclose(model.run(["a generic family"])[0], expected, atol=1e-4)
 
 
+def test_a_longrope_decoder_stops_where_its_rotary_would_switch_factors(texts_file, tmp_path):
+    # transformers picks longrope's long factors per call, once a sequence passes original_max_position_embeddings;
+    # a traced graph keeps the short ones, so the artifact's length stops there, where the two agree.
+    rope = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0, 1.5, 2, 3, 4, 6, 8, 12]}
+    folder = make_decoder(
+        tmp_path / "tiny-phi3-longrope", "phi3", original_max_position_embeddings=64, rope_scaling=rope
+    )
+    manifest = build(
+        folder,
+        "cpu-fp32",
+        validation=texts_file,
+        calibration=texts_file,
+        artifacts_dir=tmp_path / "a",
+        cache_dir=tmp_path / "c",
+    )
+    assert manifest.checkpoint.max_length == 64 and manifest.stage("export").metrics["spec"]["max_length"] == 64
+    assert manifest.stage("validate").metrics["greedy_match"] == 1.0
+    prompt = " ".join(["the cat sat on the mat"] * 3)  # 29 tokens: with 16 new ones, within the 64
+    [completion] = load(manifest.published["path"]).generate([prompt], max_new_tokens=16, eos=False)
+    assert completion.token_ids == _hf_greedy(folder, [prompt], 16)[0]
+
+
 def _build_fp32(folder: Path, data: tuple[Path, Path], tmp_path: Path, task: str | None = None):
     return build(
         folder,

@@ -243,7 +243,21 @@ def _max_length(folder: Path, config: dict, offset: int, target: Target) -> int:
     # RoBERTa-style position ids start after the padding index.
     limits.append(positions - offset)
     limits.append(target.shapes.max_sequence_length)
+    limits.append(_rope_switch(config, folder))
     return min(n for n in limits if n > 0)
+
+
+def _rope_switch(config: dict, folder: Path) -> int:
+    """The length past which a `longrope` rotary (Phi-3's long-context checkpoints) switches from its short to its
+    long factors, or 0: transformers decides that per call from the sequence's length, and a traced graph keeps the
+    choice it was traced with (the short factors), so the artifact stops there, where it equals PyTorch."""
+    rope = config.get("rope_scaling")
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in ("longrope", "su"):
+        return 0
+    return _count(
+        config.get("original_max_position_embeddings"), f"{folder / 'config.json'}: original_max_position_embeddings"
+    )
 
 
 def run(manifest: Manifest, target: Target) -> Manifest:

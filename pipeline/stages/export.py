@@ -139,16 +139,17 @@ def runtime_spec(checkpoint: Checkpoint, tokenizer, input_names: list[str]) -> d
     return spec
 
 
-def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool) -> float:
+def _decoder_probe(session, model, tokenizer, past_names: list[str], right: bool, max_length: int) -> float:
     """Max |ONNX - PyTorch| of next-token logits on a padded batch (left-padded, or right-padded where the graph
     gives each row its own length): once on the prompts (empty cache), once on one more token fed with the graph's
-    own cache, against PyTorch run on the whole left-padded sequence."""
+    own cache, against PyTorch run on the whole left-padded sequence. The prompts stop short of `max_length`, as
+    the runtime's do."""
     import numpy as np
     import torch
 
     from pipeline.runtime.kv_cache import padded, position_ids
 
-    rows = [tokenizer(t)["input_ids"] or [0] for t in PROBE_TEXTS]
+    rows = [(tokenizer(t)["input_ids"] or [0])[: max(max_length - 1, 1)] for t in PROBE_TEXTS]
     ids, mask = padded(rows, 0)
     shapes = {i.name: i.shape for i in session.get_inputs()}
     inputs = [i.name for i in session.get_inputs()]
@@ -256,7 +257,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     if not past or len(past) != len(present):
         raise ExportError(f"the exported graph of {checkpoint.path} has no KV cache inputs and outputs: {names}")
     right = attention["cache"] == "shared"  # GroupQueryAttention: each row its own length, padded on the right
-    diff = _decoder_probe(session, model, tokenizer, past, right)
+    diff = _decoder_probe(session, model, tokenizer, past, right, checkpoint.max_length)
     if diff > 1e-3:
         raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
