@@ -51,9 +51,9 @@ def check_texts(texts, call: str, pairs: bool = False) -> list:
         if pairs and isinstance(text, list) and len(text) == 2:
             raise InputError(f"{call} input {i} is a list; pass a pair as a (text, text_pair) tuple")
         parts = text if pairs and isinstance(text, tuple) and len(text) == 2 else (text,)
-        bad = next((t for t in parts if not isinstance(t, str)), None)
-        if bad is not None:
-            what = f"{type(bad).__name__} in a pair" if len(parts) == 2 else type(text).__name__
+        bad = [t for t in parts if not isinstance(t, str)]
+        if bad:
+            what = f"{type(bad[0]).__name__} in a pair" if len(parts) == 2 else type(text).__name__
             fix = "strings, or (text, text_pair) tuples of two strings" if pairs else "text only"
             raise InputError(f"{call} input {i} is {what}, not str; pass {fix}")
         if not all(_valid_text(t) for t in parts):

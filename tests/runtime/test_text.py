@@ -47,6 +47,8 @@ def test_check_texts_takes_any_iterable_of_strings_and_returns_a_list():
         (42, False, r"takes a list of strings, got int"),
         ([], False, r"got an empty list"),
         (["fine", 3], False, r"input 1 is int, not str"),
+        (["fine", None], True, r"input 1 is NoneType, not str"),
+        ([("a", None)], True, r"input 0 is NoneType in a pair, not str"),
         ([("a", "b")], False, r"input 0 is tuple, not str"),  # a pair where pairs are not taken
         ([("a", 1)], True, r"input 0 is int in a pair, not str; pass strings, or \(text, text_pair\) tuples"),
         ([["a", "b"]], True, r"input 0 is a list; pass a pair as a \(text, text_pair\) tuple"),
