@@ -123,14 +123,7 @@ def test_a_longrope_decoder_stops_where_its_rotary_would_switch_factors(texts_fi
     folder = make_decoder(
         tmp_path / "tiny-phi3-longrope", "phi3", original_max_position_embeddings=64, rope_scaling=rope
     )
-    manifest = build(
-        folder,
-        "cpu-fp32",
-        validation=texts_file,
-        calibration=texts_file,
-        artifacts_dir=tmp_path / "a",
-        cache_dir=tmp_path / "c",
-    )
+    manifest = _build_fp32(folder, (texts_file, texts_file), tmp_path)
     assert manifest.checkpoint.max_length == 64 and manifest.stage("export").metrics["spec"]["max_length"] == 64
     assert manifest.stage("validate").metrics["greedy_match"] == 1.0
     prompt = " ".join(["the cat sat on the mat"] * 3)  # 29 tokens: with 16 new ones, within the 64
