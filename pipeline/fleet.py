@@ -17,6 +17,7 @@ Without a cluster the fleet runs here, one build at a time.
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -50,8 +51,6 @@ AUTH_NOTE = (
 def ray_start_line(head: str | None = None) -> str:
     """The `ray start` command that joins this host to a fleet cluster with its classes advertised, with Ray's token
     authentication on (Ray 2.60 turns it on only where asked or where a token already exists)."""
-    import re
-
     if head is not None and not re.fullmatch(r"[A-Za-z0-9.-]+:\d{1,5}", head):
         raise InputError(f"--head {head!r} is not host:port (e.g. 10.0.0.1:6379); pass the head node's address")
     resources = json.dumps(host_resources(), separators=(",", ":"))
@@ -192,10 +191,14 @@ def fleet(
     ]
 
 
+def _live_nodes(ray, resource: str) -> list[dict]:
+    """The live nodes of the cluster that advertise `resource`."""
+    return [n for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+
+
 def _node_cpus(ray, resource: str) -> float:
     """The CPUs of the smallest live node advertising `resource`."""
-    cpus = [n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
-    return min(cpus, default=1.0)
+    return min((n["Resources"].get("CPU", 1.0) for n in _live_nodes(ray, resource)), default=1.0)
 
 
 def _result(ray, ref, prepared, resource: str | None, grace_s: float) -> dict:
@@ -209,7 +212,7 @@ def _result(ray, ref, prepared, resource: str | None, grace_s: float) -> dict:
             if early.get("status") == "failed":
                 ray.cancel(ref, force=True)
                 return early
-        alive = any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()) if resource else True
+        alive = bool(_live_nodes(ray, resource)) if resource else True
         lost = 0.0 if alive else lost + POLL_S
         if lost >= grace_s:
             ray.cancel(ref, force=True)
@@ -232,8 +235,6 @@ def _outcome(ray, ref) -> dict:
 
 def _plain(text: str) -> str:
     """`text` without terminal colour codes (Ray's task errors carry them)."""
-    import re
-
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
