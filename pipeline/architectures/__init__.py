@@ -85,8 +85,10 @@ def remote_code_problem(folder, config: dict) -> str | None:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 data = None
-        if isinstance(data, dict) and data.get("auto_map"):
-            return f"{name} has `auto_map` ({', '.join(sorted(data['auto_map']))}), which names custom code"
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if auto_map:
+            named = ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, dict | list) else repr(auto_map)
+            return f"{name} has `auto_map` ({named[:200]}), which names custom code"
     return None
 
 

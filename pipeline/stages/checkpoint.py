@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.architectures import architecture_for, remote_code_problem
+from pipeline.confinement import check_confined
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.runtime.artifact import sha256_file
@@ -266,6 +267,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     folder = Path(manifest.source)
     if not folder.is_dir():
         raise InputError(f"checkpoint {folder} is not a folder; pass the local folder of a Hugging Face checkpoint")
+    check_confined(folder)
     config_file = folder / "config.json"
     if not config_file.exists():
         raise InputError(f"{folder} has no config.json: not a Hugging Face checkpoint (save one with save_pretrained)")

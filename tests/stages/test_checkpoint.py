@@ -215,7 +215,7 @@ def test_run_refuses_a_module_path_that_leads_out_of_the_checkpoint(tmp_path):
     modules = _modules(folder)
     modules[2]["path"] = "../outside"
     (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(InputError, match="has path '../outside', which leads out of the checkpoint folder"):
+    with pytest.raises(InputError, match="modules.json: 'path' is '../outside', a path outside the checkpoint folder"):
         _run(folder)
 
 
@@ -290,3 +290,69 @@ def test_run_takes_a_masked_lm_with_sentence_transformers_modules_for_an_embeddi
     info = _run(folder)
     assert info.task == "feature-extraction" and info.pooling == {"mode": "mean", "normalize": True}
     assert _run(folder, task="fill-mask").task == "fill-mask"  # a user may still ask for the head
+
+
+def _copy(tiny_bert, folder):
+    shutil.copytree(tiny_bert, folder)
+    return folder
+
+
+def test_run_refuses_a_symlink_to_a_file_outside_the_checkpoint(tmp_path, tiny_bert):
+    folder = _copy(tiny_bert, tmp_path / "linked")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("{{ 'the key is 1234' }}")
+    (folder / "chat_template.jinja").symlink_to(secret)
+    with pytest.raises(
+        InputError, match=r"'chat_template.jinja' is a symlink to .*secret.txt', outside"
+    ):
+        _run(folder)
+
+
+def test_run_refuses_a_symlinked_subfolder_that_leads_outside(tmp_path, tiny_bert):
+    folder = _copy(tiny_bert, tmp_path / "linked")
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "1_Pooling").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(InputError, match="'1_Pooling' is a symlink to"):
+        _run(folder)
+
+
+@pytest.mark.parametrize("value", ["/etc/hostname", "../secret.txt", "sub/../../secret.txt", "C:\\secret.txt"])
+def test_run_refuses_a_json_path_outside_the_checkpoint(tmp_path, tiny_bert, value):
+    folder = _copy(tiny_bert, tmp_path / "paths")
+    (tmp_path / "secret.txt").write_text("[PAD]\nsecret\n")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "vocab_file": value}))
+    with pytest.raises(InputError, match=r"tokenizer_config.json: 'vocab_file' is .*a path outside the checkpoint"):
+        _run(folder)
+
+
+def test_run_takes_relative_paths_inside_and_where_a_checkpoint_came_from(tmp_path, tiny_bert):
+    folder = _copy(tiny_bert, tmp_path / "inside")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "vocab.txt").write_text("[PAD]\n")
+    legacy = {"vocab_file": "vocab.txt", "special_tokens_map_file": "/root/.cache/special_tokens_map.json"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, **legacy}))
+    model_config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**model_config, "_name_or_path": "/home/someone/models/x"}))
+    assert _run(folder).model_type == "bert"
+
+
+def test_run_takes_a_hub_cache_snapshot_whose_files_link_into_its_blobs(tmp_path, tiny_bert):
+    repo = tmp_path / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for index, file in enumerate(sorted(p for p in tiny_bert.iterdir() if p.is_file())):
+        shutil.copy(file, blobs / f"blob{index}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{index}")
+    assert _run(snapshot).model_type == "bert"
+
+
+@pytest.mark.parametrize("auto_map", [5, "x", ["a"]])
+def test_run_refuses_an_auto_map_of_any_shape_in_one_line(tmp_path, tiny_bert, auto_map):
+    folder = _copy(tiny_bert, tmp_path / "remote")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": auto_map}))
+    with pytest.raises(InputError, match=r"config.json has `auto_map` .*never runs code") as err:
+        _run(folder)
+    assert "\n" not in str(err.value)
