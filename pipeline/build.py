@@ -80,6 +80,16 @@ def model_name_for(source: Path) -> str:
     return name
 
 
+def _check_outside_checkpoint(folder: Path, source: Path, option: str) -> None:
+    """Refuse an output folder inside the checkpoint folder: each build's output would change the checkpoint's
+    digest, so no build would reuse another's stages and validate would refuse every earlier version."""
+    if folder.resolve() == source.resolve() or folder.resolve().is_relative_to(source.resolve()):
+        raise InputError(
+            f"{option} {folder} lies inside the checkpoint folder {source}; what a build writes there would change "
+            f"the checkpoint it builds. Pass a folder outside {source}"
+        )
+
+
 def build(
     model: str | Path | None = None,
     target: str = "cpu-avx2",
@@ -109,13 +119,14 @@ def build(
     if spec.calibrates:
         check_calibration(calibration_texts, calibration, spec.quantize.calibration_examples)
         check_held_out(held_out, calibration_texts, validation, calibration)
-    check_outside_artifacts(Path(artifacts_dir), "--artifacts-dir")
-    check_outside_artifacts(Path(cache_dir), "--cache-dir")
-    _check_writable(Path(artifacts_dir))
     if model is None:
         source, name = checkpoint.default_checkpoint(), name or DEFAULT_MODEL_NAME
     else:
         source = Path(model)
+    for option, folder in (("--artifacts-dir", artifacts_dir), ("--cache-dir", cache_dir)):
+        check_outside_artifacts(Path(folder), option)
+        _check_outside_checkpoint(Path(folder), source, option)
+    _check_writable(Path(artifacts_dir))
     if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
         raise InputError(f"artifact name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
     manifest = Manifest(

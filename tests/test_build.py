@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -166,6 +167,16 @@ def test_build_refuses_folders_inside_a_published_artifact(option, tiny_bert, te
     with pytest.raises(InputError, match="lies inside the published artifact") as err:
         build(tiny_bert, "cpu-fp32", validation=texts_file, calibration=texts_file, **dirs)
     assert "\n" not in str(err.value) and sorted(p.name for p in published.iterdir()) == before
+
+
+@pytest.mark.parametrize("option", ["artifacts_dir", "cache_dir"])
+def test_build_refuses_output_folders_inside_the_checkpoint(option, tiny_bert, texts_file, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_bert, checkpoint)
+    dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c", option: checkpoint / "out"}
+    with pytest.raises(InputError, match=r"lies inside the checkpoint folder .*Pass a folder outside") as err:
+        build(checkpoint, "cpu-fp32", validation=texts_file, calibration=texts_file, **dirs)
+    assert "\n" not in str(err.value) and not (checkpoint / "out").exists()
 
 
 def test_build_removes_a_latest_link_left_by_a_killed_publish(tiny_bert, texts_file, build_dirs):
