@@ -11,14 +11,30 @@ from pipeline.errors import InputError, PipelineError, QuantizationError, Target
 from pipeline.summary import candidate_table, verdict_table
 
 
+def _usage_line(err: click.UsageError) -> str:
+    """click's usage error as one line: its message and where the options are listed (click prints three)."""
+    where = f"`{err.ctx.command_path} --help`" if err.ctx is not None else "`pipeline --help`"
+    return f"error: {err.format_message().rstrip('.')}; {where} lists the options"
+
+
 class _Commands(click.Group):
-    """The one place a PipelineError becomes a one-line `error:` and its exit code."""
+    """The one place a PipelineError, or a usage error, becomes a one-line `error:` and its exit code."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            click.echo(_usage_line(err), err=True)
+            sys.exit(err.exit_code)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except PipelineError as err:
             click.echo(f"error: {err}", err=True)
+            sys.exit(err.exit_code)
+        except click.UsageError as err:  # a command's options, parsed when the group invokes it
+            click.echo(_usage_line(err), err=True)
             sys.exit(err.exit_code)
 
 

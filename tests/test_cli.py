@@ -202,3 +202,19 @@ def test_cli_export_triton_bad_name_or_out_dir_is_one_line_error(args, message, 
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert not (tmp_path.parent / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["serve", "x", "--port", "abc"], "error: Invalid value for '--port': 'abc' is not a valid integer"),
+        (["build", "--no-such-option"], "error: No such option '--no-such-option'"),
+        (["no-such-command"], "error: No such command 'no-such-command'"),
+        (["--bogus"], "error: No such option '--bogus'"),
+    ],
+)
+def test_cli_usage_errors_are_one_line_naming_the_help(args, message):
+    out = _cli(*args)
+    assert out.returncode == 2
+    assert out.stderr.startswith(message) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--help` lists the options" in out.stderr
