@@ -4,7 +4,9 @@ as is), the report after `pipeline build`, and the plan of `pipeline check`."""
 from __future__ import annotations
 
 import json
+import re
 
+from pipeline.errors import ArtifactError
 from pipeline.timing import COST
 
 
@@ -59,8 +61,28 @@ def _size(count: int) -> str:
     return f"{count} B"
 
 
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` without control characters but newlines: what is printed from a file cannot move the cursor, clear
+    the screen or retitle the terminal (an edited `created_at` held escape codes)."""
+    return _CONTROL.sub("", text)
+
+
 def summary(info: dict) -> str:
-    """What a user asks of an artifact first: identity, the choice and its alternatives, the gate, size, hashes."""
+    """What a user asks of an artifact first: identity, the choice and its alternatives, the gate, size, hashes.
+    Any text taken from the manifest is printed without control characters."""
+    try:
+        return printable(_summary(info))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        raise ArtifactError(
+            f"{info.get('path')}: its search table or validation is not of the shape this version writes "
+            f"({type(err).__name__}: {str(err)[:80]}); rebuild the artifact"
+        ) from None
+
+
+def _summary(info: dict) -> str:
     validation = info.get("validation") or {}
     total = sum(f["bytes"] for f in info["files"].values())
     lines = [
@@ -73,11 +95,14 @@ def summary(info: dict) -> str:
     candidates = info.get("candidates")
     if candidates:
         chosen = next((c["name"] for c in candidates if c.get("chosen")), None)
+        search = ((info.get("build_speed") or {}).get("search") or {}).get("candidates") or {}
+        timed = [{**row, **(search.get(row["name"]) or {})} for row in candidates]
         lines += [
             f"  chosen      {chosen}",
             "",
-            "search (development split):",
-            candidate_table({"candidates": candidates}),
+            "search (accuracy on the development split"
+            + ("; times on the build host while it built, `make bench` measures speed):" if search else "):"),
+            candidate_table({"candidates": timed}),
         ]
     rows = validation.get("verdict") or []
     if rows:

@@ -218,3 +218,28 @@ def test_cli_usage_errors_are_one_line_naming_the_help(args, message):
     assert out.returncode == 2
     assert out.stderr.startswith(message) and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "--help` lists the options" in out.stderr
+
+
+def test_cli_inspect_prints_no_control_characters_from_the_manifest(artifact_copy):
+    from .conftest import edit_manifest
+
+    edit_manifest(artifact_copy, lambda m: m.update(created_at="\x1b[2J\x1b]0;pwned\x07today\r"))
+    out = _cli("inspect", str(artifact_copy))
+    assert out.returncode == 0, out.stderr
+    assert "today" in out.stdout and not any(c in out.stdout for c in "\x1b\x07\r")
+
+
+def test_cli_inspect_refuses_a_search_table_of_another_shape_in_one_line(artifact_copy):
+    from .conftest import edit_manifest
+
+    edit_manifest(artifact_copy, lambda m: m.update(candidates=[1, 2]))
+    out = _cli("inspect", str(artifact_copy))
+    assert out.returncode == 7 and "not of the shape this version writes" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_inspect_shows_the_search_timings_beside_the_accuracy(published_openvino):
+    out = _cli("inspect", str(published_openvino))
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.strip().startswith("openvino-fp32"))
+    assert "batch_1 ms" in out.stdout and "nan" not in row and "times on the build host" in out.stdout

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
+REPORT_NAME = "report.json"
 DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
 MANIFEST_SCHEMA = 2
 _MANIFEST_FIELDS = {
@@ -38,6 +39,14 @@ TASKS = (
     "question-answering",
     "text-generation",
 )
+# What `pipeline inspect` reads beside the loader's fields, where present: absent or of this kind.
+_OPTIONAL_FIELDS = {
+    "validation": (dict, type(None)),
+    "candidates": (list, type(None)),
+    "created_at": (str, type(None)),
+    "precision": (str, type(None)),
+    "source": (dict, type(None)),
+}
 _DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
 _MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
 
@@ -134,6 +143,10 @@ def _read_manifest(path: Path, root: Path) -> dict:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ArtifactError(f"{manifest_path} is not valid JSON ({err}); the artifact is damaged, rebuild it") from None
+    except RecursionError:
+        raise ArtifactError(
+            f"{manifest_path} nests too deeply to be a manifest; the artifact is damaged, rebuild it"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise ArtifactError(
             f"{manifest_path}: manifest schema {manifest.get('schema') if isinstance(manifest, dict) else None!r}, "
@@ -142,6 +155,9 @@ def _read_manifest(path: Path, root: Path) -> dict:
     for key, kind in _MANIFEST_FIELDS.items():
         if not isinstance(manifest.get(key), kind):
             raise ArtifactError(f"{manifest_path}: field {key!r} is missing or not a {kind.__name__}; rebuild it")
+    for key, kinds in _OPTIONAL_FIELDS.items():
+        if not isinstance(manifest.get(key), kinds):
+            raise ArtifactError(f"{manifest_path}: field {key!r} is a {type(manifest[key]).__name__}; rebuild it")
     for key, kind in _MODEL_FIELDS.items():
         if not isinstance(manifest["model"].get(key), kind) or isinstance(manifest["model"].get(key), bool):
             raise ArtifactError(f"{manifest_path}: model.{key} is missing or not a {kind.__name__}; rebuild it")
@@ -239,5 +255,15 @@ def describe(path) -> dict:
         },
         "validation": manifest.get("validation"),
         "candidates": manifest.get("candidates"),
+        "build_speed": _build_speed(real) if REPORT_NAME in manifest["files"] else None,
         "verified": True,
     }
+
+
+def _build_speed(root: Path) -> dict | None:
+    """The verified report's figures timed while building (the search's, per candidate), or None if unreadable."""
+    try:
+        speed = json.loads((root / REPORT_NAME).read_text(encoding="utf-8")).get("build_speed")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return speed if isinstance(speed, dict) else None

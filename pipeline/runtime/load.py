@@ -95,6 +95,9 @@ def session_settings(manifest: dict, intra_op_threads: int | None) -> dict:
         session["intra_op_threads"] = intra_op_threads
     elif int(session.get("intra_op_threads", 0)) > usable_cores():
         session["intra_op_threads"] = usable_cores()
+    # Each inter-op thread is a thread the session starts at creation: an edited count would start a million.
+    if int(session.get("inter_op_threads", 0)) > usable_cores():
+        session["inter_op_threads"] = usable_cores()
     if int(session.get("streams", 1)) > usable_cores():
         session["streams"] = usable_cores()
     return session

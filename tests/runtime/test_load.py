@@ -351,3 +351,27 @@ def test_load_refuses_a_graph_whose_data_file_the_manifest_dropped(external, tmp
     with pytest.raises(ArtifactError, match=r"model\.onnx cannot be opened: .*model\.onnx\.data") as caught:
         load(copy)
     assert "\n" not in str(caught.value)
+
+
+def test_load_refuses_a_manifest_nested_too_deeply_in_one_line(artifact_copy):
+    (artifact_copy / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ArtifactError, match="nests too deeply to be a manifest") as err:
+        load(artifact_copy)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("validation", [1, 2]), ("candidates", {"a": 1}), ("created_at", 5)])
+def test_load_refuses_an_optional_field_of_the_wrong_kind(artifact_copy, field, value):
+    edit_manifest(artifact_copy, lambda m: m.update({field: value}))
+    with pytest.raises(ArtifactError, match=f"field '{field}' is a {type(value).__name__}; rebuild it"):
+        verify_artifact(artifact_copy)
+
+
+def test_load_caps_inter_op_threads_at_this_hosts_cores(artifact_copy):
+    from pipeline.runtime.host import usable_cores
+    from pipeline.runtime.load import session_settings
+
+    edit_manifest(artifact_copy, lambda m: m["session"].update(inter_op_threads=10**6))
+    manifest = verify_artifact(artifact_copy)
+    assert session_settings(manifest, None)["inter_op_threads"] == usable_cores()
+    assert load(artifact_copy).run(["still answers"]).shape[0] == 1
