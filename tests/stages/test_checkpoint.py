@@ -302,9 +302,7 @@ def test_run_refuses_a_symlink_to_a_file_outside_the_checkpoint(tmp_path, tiny_b
     secret = tmp_path / "secret.txt"
     secret.write_text("{{ 'the key is 1234' }}")
     (folder / "chat_template.jinja").symlink_to(secret)
-    with pytest.raises(
-        InputError, match=r"'chat_template.jinja' is a symlink to .*secret.txt', outside"
-    ):
+    with pytest.raises(InputError, match=r"'chat_template.jinja' is a symlink to .*secret.txt', outside"):
         _run(folder)
 
 
