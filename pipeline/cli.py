@@ -393,17 +393,21 @@ def check_model(model, target) -> None:
     help="seconds a cache entry must be old before removal (a running build may still need a newer one)",
 )
 @click.option("--dry-run", is_flag=True, help="print what would be removed and the space it would free; remove nothing")
-def gc(artifacts_dir, cache_dir, keep, min_age, dry_run) -> None:
+@click.option(
+    "--force", is_flag=True, help="go on where --artifacts-dir holds no published artifact: every old entry goes"
+)
+def gc(artifacts_dir, cache_dir, keep, min_age, dry_run, force) -> None:
     """Remove stage-cache entries no published version references, and with --keep old versions; never what a
-    `latest` link points to, what a running build holds, or anything through a symlink. With --verbose, also
-    print what was kept and why."""
+    `latest` link points to, what a running build holds, anything through a symlink, or a folder gc cannot prove
+    is a cache entry. With --verbose, also print what was kept and why."""
     from pipeline.build import REPO
     from pipeline.console import note
     from pipeline.gc import collect, describe
 
+    _check_build_options({"artifacts_dir": artifacts_dir, "cache_dir": cache_dir})
     artifacts = artifacts_dir or REPO / "artifacts"
     cache = cache_dir or REPO / ".cache" / "stages"
-    found = collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run)
+    found = collect(artifacts, cache, keep=keep, min_age_s=min_age, dry_run=dry_run, force=force)
     for kept in found.kept:
         note(f"kept {kept.path}: {kept.reason}")
     click.echo(describe(found, dry_run))
@@ -463,7 +467,13 @@ def export_triton(artifact, out_dir, name, variants, python_env) -> None:
 )
 @click.option("--max-body-bytes", type=int, default=None, help="largest request body; larger gets 413 (default: 1 MiB)")
 @click.option("--max-texts", type=int, default=None, help="most texts a request; more gets 400 (default: 256)")
-def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts) -> None:
+@click.option(
+    "--body-timeout",
+    type=float,
+    default=None,
+    help="seconds a request's body may take to arrive; later gets 408 (default: 10)",
+)
+def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts, body_timeout) -> None:
     """Serve ARTIFACT over HTTP on 127.0.0.1 as a Ray Serve application: POST {"texts": [...]} to it. Every
     process it starts listens on loopback only (docs/serving.md: what is exposed, and how to expose it)."""
     from pipeline.serving.ray_serve import serve_forever
@@ -476,4 +486,5 @@ def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts)
         threads=threads,
         max_body_bytes=max_body_bytes,
         max_texts=max_texts,
+        body_timeout_s=body_timeout,
     )

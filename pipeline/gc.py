@@ -8,10 +8,12 @@ What is kept, always:
 - every cache entry a running build holds (its lease, see pipeline.store), and every cache entry or scratch folder
   younger than `min_age_s` (an entry's age counts from its last use).
 
-Everything else under the artifacts and cache folders that this module recognises (vN/<target> folders, cache
-entries named by their key, dead .tmp- scratch folders) is removed. Nothing else is touched, and no symlink inside
-those folders is followed: each is reported as skipped. One gc runs at a time per cache folder, and none while a
-build of a model publishes.
+Everything else that this module recognises (vN/<target> folders, dead .tmp- scratch folders, and cache entries it
+proves are the cache's: `<stage>/<sha256 key>/` for a stage of the build's table, whose record.json names that
+stage and key and whose files hash as it records, beside no file it does not list) is removed. Nothing else is
+touched, and no symlink is followed: each is reported as skipped. One gc runs at a time per cache folder, and none
+while a build of a model publishes. Refused: a cache folder that holds things but no entry, and (unless `force`)
+an artifacts folder that holds no published artifact while the cache holds entries (each would be unreferenced).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
+from pipeline.build import STAGES
 from pipeline.errors import ArtifactError, InputError
-from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest
+from pipeline.runtime.artifact import MANIFEST_NAME, manifest_digest, sha256_file
 from pipeline.runtime.engine_cache import ENGINES_DIR
 from pipeline.store import (
     LEASE_PREFIX,
@@ -42,6 +46,9 @@ from pipeline.store import (
 )
 
 DEFAULT_MIN_AGE_S = 3600.0
+# The stage folders a cache holds are named by the rows of the build's stage table; its keys are sha256 digests.
+CACHE_STAGES = tuple(name for name, _ in STAGES)
+KEY_SHAPE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,19 +179,96 @@ def _remove(path: Path) -> None:
             parent.rmdir()
 
 
+def _record(entry: Path) -> dict | None:
+    """The record of `entry` if it is a cache entry's: its record.json (a file, not a symlink) names the entry's
+    stage and key, and lists its files by plain name. Its files are not read: see `_unproven`."""
+    path = entry / RECORD
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 24:
+            return None
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or (record.get("stage"), record.get("key")) != (entry.parent.name, entry.name):
+        return None
+    files = record.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(name, str) and isinstance(digest, str) and name not in ("", ".", "..", RECORD) and "/" not in name
+        for name, digest in files.items()
+    ):
+        return None
+    return record
+
+
+def _unproven(entry: Path, record: dict) -> str | None:
+    """Why the files of `entry` are not the ones its record lists (None when each hashes as recorded and no other
+    file lies beside them; a stage's own work folders may)."""
+    listed = record["files"]
+    try:
+        other = sorted(p.name for p in entry.iterdir() if p.name not in listed and p.name != RECORD and not _folder(p))
+        if other:
+            return f"it holds {other[0]}, which its record does not list"
+        for name, digest in listed.items():
+            if (entry / name).is_symlink() or sha256_file(entry / name) != digest:
+                return f"its {name} does not hash as its record says"
+    except OSError as err:
+        return f"its files cannot be read ({err.strerror or err})"
+    return None
+
+
+def _folder(path: Path) -> bool:  # a real folder, not a symlink to one
+    return path.is_dir() and not path.is_symlink()
+
+
+def _keyed(stage_dir: Path, found: Collection) -> list[Path]:
+    """The key-named real folders in a stage folder (symlinks among its other children reported as skipped)."""
+    children = sorted(p for p in stage_dir.iterdir() if not p.name.startswith("."))
+    return [p for p in children if not _symlink(p, found) and p.is_dir() and KEY_SHAPE.fullmatch(p.name)]
+
+
+def _stage_dirs(cache_dir: Path, found: Collection) -> list[Path]:
+    """The real folders of `cache_dir` named by a stage of the build (symlinks among all its children reported)."""
+    return [p for p in _subfolders(cache_dir, found, lambda p: not p.name.startswith(".")) if p.name in CACHE_STAGES]
+
+
+def _check_cache_dir(cache_dir: Path) -> list[Path]:
+    """The entries of `cache_dir` whose record names their stage and key. A folder that holds something else but
+    none of them is refused: whatever it is, it is no stage cache, and gc removes nothing there."""
+    entries = [e for d in _stage_dirs(cache_dir, Collection()) for e in _keyed(d, Collection()) if _record(e)]
+    if entries or not cache_dir.is_dir():  # a missing cache: nothing to do
+        return entries
+    stray = sorted(
+        p.name
+        for p in cache_dir.iterdir()
+        if not p.name.startswith(".")
+        and not (p.name in CACHE_STAGES and _folder(p) and all(c.name.startswith(".") for c in p.iterdir()))
+    )
+    if stray:
+        shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+        raise InputError(
+            f"--cache-dir {cache_dir} holds {shown} but no stage-cache entry (<stage>/<sha256 key>/{RECORD} naming "
+            f"that stage and key, for a stage among {', '.join(CACHE_STAGES)}); nothing was removed. Pass the stage "
+            "cache builds write to (default: ./.cache/stages)"
+        )
+    return entries
+
+
 def _entries(cache_dir: Path, keys: dict, min_age_s: float, dry_run: bool, found: Collection) -> None:
-    """Remove (or list) the cache entries not in `keys`, older than `min_age_s` and leased by no build."""
+    """Remove (or list) the cache entries not in `keys`, older than `min_age_s`, leased by no build and proven the
+    cache's own (their record and files); report the key-named folders with a record.json that proves nothing."""
     now = time.time()
-    for stage_dir in _subfolders(cache_dir, found, lambda p: not p.name.startswith(".")):
-        for entry in sorted(stage_dir.iterdir()):
-            if entry.name.startswith(".") or _symlink(entry, found) or not entry.is_dir():
-                continue
+    for stage_dir in _stage_dirs(cache_dir, found):
+        for entry in _keyed(stage_dir, found):
+            record = _record(entry)
             if (stage_dir.name, entry.name) in keys:
                 found.kept.append(Note(entry, f"{keys[(stage_dir.name, entry.name)]} references it"))
-            elif not (entry / RECORD).is_file():
-                continue  # not an entry of ours
+            elif record is None:
+                if (entry / RECORD).exists() or (entry / RECORD).is_symlink():
+                    found.skipped.append(Note(entry, f"its {RECORD} is no record of this stage and key; not gc's"))
             elif now - entry.stat().st_mtime < min_age_s:
                 found.kept.append(Note(entry, "used within --min-age"))
+            elif why := _unproven(entry, record):
+                found.skipped.append(Note(entry, f"{why}; gc removes only entries whose files match their record"))
             else:
                 _remove_entry(entry, dry_run, found)
         if not dry_run:
@@ -250,23 +334,50 @@ def _check_artifacts_dir(artifacts_dir: Path) -> None:
         )
 
 
+def _check_published(artifacts_dir: Path, models: dict, cache_dir: Path, entries: list[Path]) -> None:
+    """Refuse an artifacts folder that holds no published artifact while the cache holds entries: gc would take
+    each for unreferenced. A folder with the artifacts one level down (their parent) is named."""
+    if models or not entries:
+        return
+    deeper = [p for p in _subfolders(artifacts_dir, Collection()) if _published(p, Collection())]
+    if deeper:
+        raise InputError(
+            f"--artifacts-dir {artifacts_dir} holds no published artifact, but {deeper[0]} does (<model>/vN/<target> "
+            f"one level down); nothing was removed. Pass --artifacts-dir {deeper[0]}"
+        )
+    raise InputError(
+        f"--artifacts-dir {artifacts_dir} holds no published artifact (<model>/vN/<target>/{MANIFEST_NAME}), so gc "
+        f"would take all {len(entries)} entries of {cache_dir} for unreferenced; nothing was removed. Pass the "
+        "artifacts folder builds publish to (default: ./artifacts), or --force to remove the entries anyway"
+    )
+
+
 def collect(
-    artifacts_dir, cache_dir, keep: int | None = None, min_age_s: float = DEFAULT_MIN_AGE_S, dry_run: bool = False
+    artifacts_dir,
+    cache_dir,
+    keep: int | None = None,
+    min_age_s: float = DEFAULT_MIN_AGE_S,
+    dry_run: bool = False,
+    force: bool = False,
 ) -> Collection:
     """Remove (or, with `dry_run`, list) old versions beyond `keep` and the stage-cache entries no remaining
-    version references; returns what was removed (with sizes), skipped and kept."""
+    version references; returns what was removed (with sizes), skipped and kept. `force`: go on where the artifacts
+    folder holds no published artifact, removing every entry older than `min_age_s`."""
     artifacts_dir, cache_dir = Path(artifacts_dir), Path(cache_dir)
     if keep is not None and keep < 1:
         raise InputError(f"--keep {keep} would remove every version; pass --keep 1 or more, or leave it out")
     if not min_age_s >= 0 or min_age_s == float("inf"):  # NaN compares false
         raise InputError(f"--min-age {min_age_s} is not a number of seconds >= 0; pass 0 or more seconds")
     _check_artifacts_dir(artifacts_dir)
+    entries = _check_cache_dir(cache_dir)  # before the lock: a folder that is no cache gets no .gc.lock either
     found = Collection()
     models = _published(artifacts_dir, Collection())
     with gc_lock(cache_dir), contextlib.ExitStack() as stack:
         for root in models:  # no build publishes (or points latest) while gc decides
             stack.enter_context(model_lock(root))
         models = _published(artifacts_dir, found)  # again, under the locks
+        if not force:
+            _check_published(artifacts_dir, models, cache_dir, entries)
         stale = _stale(models, keep, found)
         kept = [folder for folders in models.values() for _, folder in folders if folder not in stale]
         keys = referenced_keys(kept)

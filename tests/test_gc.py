@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -12,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.build import build
+from pipeline.cache import StageSpec, _produce
 from pipeline.cli import main
 from pipeline.errors import ArtifactError, CacheError, InputError
 from pipeline.gc import collect, published_folders
 from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest
-from pipeline.store import gc_lock, model_lock
+from pipeline.store import cache_entry, gc_lock, model_lock
 
 from .conftest import write_target
 
@@ -29,6 +31,26 @@ build_strategy = st.tuples(
     st.sampled_from(["cpu-avx2", "cpu-fp32"]),
     st.fixed_dictionaries({stage: st.sampled_from(KEYS) for stage in STAGES}),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The config of the stand-in stages: gc reads an entry's record, never the config its key was derived from."""
+
+
+def _entry(cache: Path, stage: str, key: str, content: bytes = b"y", age_s: float = 0.0) -> Path:
+    """A cache entry written by the cache's own writer: model.onnx, and a record naming the stage, the key and the
+    file's sha256. `age_s`: last used that many seconds ago."""
+
+    def produce(out: Path) -> dict:
+        (out / "model.onnx").write_bytes(content)
+        return {}
+
+    entry = cache_entry(cache, stage, key)
+    _produce(entry, key, StageSpec(stage, 1, _Settings), {}, produce)
+    if age_s:
+        os.utime(entry, (time.time() - age_s, time.time() - age_s))
+    return entry
 
 
 def _write_manifest(folder: Path, stages) -> None:
@@ -51,10 +73,7 @@ def _publish(root: Path, builds: list, rollbacks: list[int]) -> None:
             path.chmod(0o444)
     for index, stage in enumerate(STAGES):
         for key in KEYS:
-            entry = root / "cache" / stage / key
-            entry.mkdir(parents=True)
-            (entry / "record.json").write_text("{}")
-            (entry / "model.onnx").write_bytes(b"y" * (index + 1))
+            _entry(root / "cache", stage, key, b"y" * (index + 1))
     for step, ((model, target), newest) in enumerate(sorted(numbers.items())):
         latest = root / "artifacts" / model / "latest"
         latest.mkdir(exist_ok=True)
@@ -104,14 +123,12 @@ def test_gc_never_removes_a_referenced_version_or_cache_entry(builds, rollbacks,
 
 
 def test_gc_keeps_young_entries_a_running_build_may_need(tmp_path):
-    (tmp_path / "artifacts").mkdir()  # nothing published yet
-    entry = tmp_path / "cache" / "export" / KEYS[0]
-    entry.mkdir(parents=True)
-    (entry / "record.json").write_text("{}")
-    assert collect(tmp_path / "artifacts", tmp_path / "cache").removals == []
+    (tmp_path / "artifacts").mkdir()  # nothing published yet: only --force removes entries
+    entry = _entry(tmp_path / "cache", "export", KEYS[0])
+    assert collect(tmp_path / "artifacts", tmp_path / "cache", force=True).removals == []
     old = entry.stat().st_mtime - 7200
     os.utime(entry, (old, old))
-    assert [r.path for r in collect(tmp_path / "artifacts", tmp_path / "cache").removals] == [entry]
+    assert [r.path for r in collect(tmp_path / "artifacts", tmp_path / "cache", force=True).removals] == [entry]
     assert not entry.exists()
 
 
@@ -121,9 +138,7 @@ def test_gc_refuses_keep_zero_and_an_unreadable_manifest(tmp_path):
     folder = tmp_path / "artifacts" / "m" / "v1" / "cpu-avx2"
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text("{not json")
-    entry = tmp_path / "cache" / "export" / KEYS[1]
-    entry.mkdir(parents=True)
-    (entry / "record.json").write_text("{}")
+    entry = _entry(tmp_path / "cache", "export", KEYS[1])
     with pytest.raises(ArtifactError, match="nothing was removed"):
         collect(tmp_path / "artifacts", tmp_path / "cache", min_age_s=0)
     assert entry.exists()
@@ -197,8 +212,9 @@ def test_gc_during_a_build_skips_the_entries_it_holds_and_the_build_publishes(
 
     def gc_before_publishing(record) -> None:
         if record.name == last:  # every entry this build uses has been reused by now
-            during.append(collect(root / "a", root / "c"))  # the default --min-age, as `pipeline gc` runs
-            during.append(collect(root / "a", root / "c", min_age_s=0))  # as if the build had run for long
+            # Nothing is published yet, hence --force; the default --min-age, as `pipeline gc --force` runs
+            during.append(collect(root / "a", root / "c", force=True))
+            during.append(collect(root / "a", root / "c", min_age_s=0, force=True))  # as if the build ran for long
 
     manifest = _build(
         tiny_bert, root / "gc-target.toml", root, texts_file, calibration_file, on_stage=gc_before_publishing
@@ -332,9 +348,7 @@ def test_gc_runs_one_at_a_time_per_cache_folder(tmp_path):
 def test_gc_verbose_says_what_it_kept_and_why(tmp_path):
     root = tmp_path / "tree"
     version, unreferenced = _one_version(root)
-    young = root / "cache" / "export" / KEYS[4]
-    young.mkdir()
-    (young / "record.json").write_text("{}")
+    young = _entry(root / "cache", "export", KEYS[4])
     quiet = _gc(root, "--dry-run")
     assert quiet.exit_code == 0 and "kept" not in quiet.output
     shown = _gc(root, "--dry-run", verbose=True)
@@ -391,3 +405,118 @@ def test_gc_refuses_an_artifacts_dir_that_would_make_every_entry_unreferenced(tm
     assert "\n" not in str(err.value) and _state(tmp_path) == before
     with pytest.raises(InputError, match="not a number of seconds"):
         collect(tmp_path / "artifacts", tmp_path / "cache", min_age_s=float("nan"))
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` (lock files included), with each file's bytes."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")}
+
+
+def test_gc_refuses_in_one_line_and_removes_nothing_when_the_cache_dir_holds_no_entry(tmp_path):
+    root = tmp_path / "tree"
+    _one_version(root)  # a published version: only --cache-dir is wrong
+    data = tmp_path / "data"  # a user's folder, two levels deep like a cache, with files named record.json
+    for folder, name in (("experiments/run-2024-01", "results.csv"), ("photos/2023", "beach.jpg")):
+        (data / folder).mkdir(parents=True)
+        (data / folder / name).write_bytes(b"the user's")
+        (data / folder / "record.json").write_text(json.dumps({"run": folder}))
+        os.utime(data / folder, (time.time() - 7200, time.time() - 7200))
+    before = _tree(data)
+    result = CliRunner().invoke(
+        main, ["gc", "--artifacts-dir", str(root / "artifacts"), "--cache-dir", str(data), "--min-age", "0"]
+    )
+    assert result.exit_code == InputError.exit_code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"--cache-dir {data} holds experiments, photos but no stage-cache entry" in lines[0]
+    assert "default: ./.cache/stages" in lines[0]
+    assert _tree(data) == before  # not even a .gc.lock
+
+
+FAKES = ["unknown stage", "name not a key", "another key's record", "empty record", "edited file", "unlisted file"]
+
+
+def _fake(cache: Path, kind: str) -> Path:
+    """An old folder in a cache that is no entry the cache wrote, though it holds a record.json."""
+    stage, key = ("experiments", KEYS[5]) if kind == "unknown stage" else ("export", KEYS[5])
+    folder = _entry(cache, stage, "run-2024-01" if kind == "name not a key" else key)
+    record = json.loads((folder / "record.json").read_text())
+    if kind == "another key's record":
+        (folder / "record.json").write_text(json.dumps({**record, "key": KEYS[6]}))
+    elif kind == "empty record":
+        (folder / "record.json").write_text("{}")
+    elif kind == "edited file":
+        (folder / "model.onnx").write_bytes(b"edited")
+    elif kind == "unlisted file":
+        (folder / "beach.jpg").write_bytes(b"the user's")
+    os.utime(folder, (time.time() - 7200, time.time() - 7200))
+    return folder
+
+
+@pytest.mark.parametrize("kind", FAKES)
+def test_collect_keeps_a_folder_when_it_cannot_prove_it_is_a_cache_entry(kind, tmp_path):
+    _, unreferenced = _one_version(tmp_path)
+    fake = _fake(tmp_path / "cache", kind)
+    before = _tree(fake)
+    found = collect(tmp_path / "artifacts", tmp_path / "cache", min_age_s=0)
+    assert [r.path for r in found.removals] == [unreferenced]  # the entry the cache wrote goes; the fake stays
+    assert _tree(fake) == before
+    if kind not in ("unknown stage", "name not a key"):  # looks like an entry: said why it stays
+        assert [n.path for n in found.skipped] == [fake]
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "emptied by gc"])
+def test_collect_removes_nothing_and_succeeds_when_the_cache_dir_holds_nothing(state, tmp_path):
+    artifacts, cache = tmp_path / "artifacts", tmp_path / "cache"
+    artifacts.mkdir()
+    (artifacts / "README.md").write_text("published artifacts land here")
+    if state != "missing":
+        cache.mkdir()
+    if state == "emptied by gc":
+        (cache / "export").mkdir()
+        (cache / ".gc.lock").touch()
+    found = collect(artifacts, cache, min_age_s=0)
+    assert not found.removals and not found.skipped
+
+
+@pytest.mark.parametrize("where", ["empty", "unrelated", "readme only", "parent"])
+def test_collect_refuses_and_removes_nothing_when_the_artifacts_dir_holds_no_published_artifact(where, tmp_path):
+    _one_version(tmp_path)
+    folder = tmp_path if where == "parent" else tmp_path / where
+    if where != "parent":
+        folder.mkdir()
+    if where == "unrelated":
+        (folder / "photos" / "2023").mkdir(parents=True)
+        (folder / "notes.txt").write_text("not artifacts")
+    elif where == "readme only":  # the repository's artifacts/ before any build
+        (folder / "README.md").write_text("published artifacts land here")
+    before = _state(tmp_path)
+    with pytest.raises(InputError) as err:
+        collect(folder, tmp_path / "cache", min_age_s=0)
+    message = str(err.value)
+    assert "\n" not in message and f"--artifacts-dir {folder} holds no published artifact" in message
+    if where == "parent":
+        assert message.endswith(f"Pass --artifacts-dir {tmp_path / 'artifacts'}")
+    else:
+        assert "all 5 entries" in message and "--force" in message
+    assert _state(tmp_path) == before
+
+
+def test_gc_removes_the_old_entries_when_forced_with_no_published_artifact(tmp_path):
+    (tmp_path / "artifacts").mkdir()
+    old = _entry(tmp_path / "cache", "export", KEYS[1], age_s=7200)
+    young = _entry(tmp_path / "cache", "optimize", KEYS[2])
+    result = _gc(tmp_path, "--force")
+    assert result.exit_code == 0, result.output
+    assert f"removed {old}" in result.output and not old.exists() and young.is_dir()
+
+
+@pytest.mark.parametrize("option", ["--artifacts-dir", "--cache-dir", "--artifacts-dir= "])
+def test_gc_refuses_an_empty_option_in_one_line(option, tmp_path):
+    _one_version(tmp_path)
+    given = {"--artifacts-dir": str(tmp_path / "artifacts"), "--cache-dir": str(tmp_path / "cache")}
+    name, _, value = option.partition("=")
+    given[name] = value
+    # --dry-run: where an empty option falls back to its default folder, that folder stays as it was
+    result = CliRunner().invoke(main, ["gc", *(part for pair in given.items() for part in pair), "--dry-run"])
+    assert result.exit_code == InputError.exit_code, result.output
+    assert result.output.strip() == f"error: {name} is empty; pass a value, or leave the option out for its default"
