@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError, ServingError
-from pipeline.runtime.artifact import MANIFEST_NAME, sha256_file, verify_artifact
+from pipeline.runtime.artifact import DATA_SUFFIX, MANIFEST_NAME, sha256_file, verify_artifact
 from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
 from pipeline.serving.triton_settings import backend_settings, graph_refusal
 from pipeline.store import artifact_holding
@@ -117,9 +117,9 @@ def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
     """Copy the graph (or the cached TensorRT plans) into `folder`/1; returns the config fields naming them."""
     backend = manifest["backend"]
     if backend != "tensorrt":
-        names = [manifest["graph"]] + (
-            [Path(manifest["graph"]).with_suffix(".bin").name] if manifest["graph"].endswith(".xml") else []
-        )
+        graph = manifest["graph"]
+        names = [graph] + ([Path(graph).with_suffix(".bin").name] if graph.endswith(".xml") else [])
+        names += [graph + DATA_SUFFIX] if graph + DATA_SUFFIX in manifest["files"] else []  # weights kept apart
         for name in names:
             shutil.copyfile(artifact / name, folder / "1" / name)
         return {"default_model_filename": manifest["graph"]}

@@ -201,3 +201,22 @@ def test_a_tensorrt_export_copies_only_verified_engines_and_refuses_a_changed_pl
     with pytest.raises(ServingError, match=r"\.plan is missing, a symlink, or does not match its sha256") as err:
         repository_from_artifact(artifact, tmp_path / "again", variants=("graph",))
     assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
+
+
+def test_export_copies_a_graphs_external_weights_beside_it(artifact_copy, tmp_path):
+    import onnx
+    import onnxruntime
+
+    from pipeline.runtime.artifact import sha256_file
+
+    from ..conftest import edit_manifest
+
+    graph = onnx.load(artifact_copy / "model.onnx")
+    onnx.save_model(graph, artifact_copy / "model.onnx", save_as_external_data=True, location="model.onnx.data")
+    files = {name: sha256_file(artifact_copy / name) for name in ("model.onnx", "model.onnx.data")}
+    edit_manifest(artifact_copy, lambda m: m["files"].update(files))
+    repository_from_artifact(artifact_copy, tmp_path / "repo", variants=("graph",))
+    version = tmp_path / "repo" / "tiny-bert" / "1"
+    assert sorted(p.name for p in version.iterdir()) == ["model.onnx", "model.onnx.data"]
+    session = onnxruntime.InferenceSession(str(version / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == verify_artifact(artifact_copy)["model"]["inputs"]
