@@ -38,19 +38,24 @@ def chat_template_spec(tokenizer) -> dict | None:
 
 
 def _check_probe(tokenizer, spec: dict) -> None:
+    """The runtime renders a probe conversation first, within its budget (a template that loops or grows without
+    bound fails here, where transformers' rendering would hang the export), then compares with transformers'."""
     from pipeline.runtime.chat import render_chats
 
     conversation = [dict(m) for m in PROBE_CONVERSATION]
     try:
+        [got] = render_chats({"chat_template": spec}, [conversation], "export")
+        ours = None
+    except PipelineError as err:
+        if "ran out of its budget" in str(err):
+            raise ExportError(f"the checkpoint's chat template {str(err).removeprefix('export: ')}") from None
+        got, ours = None, err
+    try:
         expected = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     except Exception:  # the template refuses a lone user turn (it wants a system one, say): nothing to compare
         return
-    try:
-        [got] = render_chats({"chat_template": spec}, [conversation], "export")
-    except PipelineError as err:
-        raise ExportError(
-            f"the runtime cannot render the checkpoint's chat template, which transformers can: {err}"
-        ) from None
+    if ours is not None:
+        raise ExportError(f"the runtime cannot render the checkpoint's chat template, which transformers can: {ours}")
     if got != expected:
         raise ExportError(
             f"the runtime renders the checkpoint's chat template as {got!r}, transformers as {expected!r}; "

@@ -49,3 +49,18 @@ def test_chat_template_spec_keeps_a_template_that_refuses_the_probe(tokenizer):
     template = "{% if messages[0].role != 'system' %}{{ raise_exception('a system message first') }}{% endif %}x"
     tokenizer.chat_template = template
     assert chat_template_spec(tokenizer)["template"] == template
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}x",
+    ],
+    ids=["loops", "grows"],
+)
+def test_chat_template_spec_raises_export_error_before_transformers_renders_an_unbounded_template(tokenizer, template):
+    tokenizer.chat_template = template
+    with pytest.raises(ExportError, match=r"chat template ran out of its budget on messages\[0\]") as err:
+        chat_template_spec(tokenizer)  # transformers' own rendering would hang here, or take gigabytes
+    assert "\n" not in str(err.value)

@@ -10,7 +10,8 @@ The template is run in jinja2's ImmutableSandboxedEnvironment with the options, 
 gives it (trim_blocks, lstrip_blocks, loop controls, a `{% generation %}` tag, raise_exception, strftime_now and
 transformers' `tojson`), so that the same template gives the same text. A template is code shipped with a
 checkpoint: the sandbox lets it format strings and lists, and refuses attribute access to Python internals and
-any change to the objects it is given. jinja2 is imported here only, on the first chat call.
+any change to the objects it is given; pipeline.runtime.template_budget bounds its time and the sizes it builds.
+jinja2 is imported here only, on the first chat call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 
 from pipeline.errors import ArtifactError, InputError
+from pipeline.runtime.template_budget import BudgetExceeded, bound_joins, bounded_filters, budgeted, render_bounded
 
 
 class ChatPrompts(list):
@@ -85,11 +87,15 @@ def compiled_template(template: str):
     def strftime_now(format):
         return datetime.datetime.now().strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    sandbox = budgeted(ImmutableSandboxedEnvironment)
+    env = sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters = bounded_filters(env.filters)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
-    return env.from_string(template)
+    compiled = env.from_string(template)
+    bound_joins(compiled)
+    return compiled
 
 
 def _chat_spec(spec: dict) -> tuple[str, dict]:
@@ -131,10 +137,20 @@ def render_chats(spec: dict, messages, call: str = "generate()") -> ChatPrompts:
     for i, conversation in enumerate(conversations):
         try:
             rendered.append(
-                template.render(
-                    messages=conversation, tools=None, documents=None, add_generation_prompt=True, **special_tokens
+                render_bounded(
+                    template,
+                    messages=conversation,
+                    tools=None,
+                    documents=None,
+                    add_generation_prompt=True,
+                    **special_tokens,
                 )
             )
+        except BudgetExceeded as err:
+            raise InputError(
+                f"{call}: the checkpoint's chat template ran out of its budget on messages[{i}] ({err}); send "
+                "shorter messages, or rebuild from a checkpoint whose template does not loop or grow without bound"
+            ) from None
         except Exception as err:  # a template raises what it likes (raise_exception, TypeError, ...): all mean this
             first = (str(err).splitlines() or [""])[0]
             raise InputError(

@@ -288,3 +288,37 @@ def test_smollm2_rendered_chat_and_ids_equal_transformers(tmp_path):
         assert text == tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
         ids = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
         assert _runtime_ids(spec, tmp_path / "tokenizer.json", [conversation]) == [ids]
+
+
+_HUNG = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    "template, why",
+    [
+        (_HUNG, "rendering took over"),
+        ("{{ 'a' * 10**9 }}", "repetition to 1000000000 items"),
+        ("{{ 'a'|center(1000000000) }}", "a count of 1000000000"),
+        ("{{ 'a'.ljust(1000000000) }}", "a count of 1000000000"),
+        ("{{ 10 ** 10000000 }}", "the power 10 \\*\\* 10000000"),
+        ("{% set n = namespace(s='ab') %}{% for i in range(40) %}{% set n.s = n.s ~ n.s %}{% endfor %}", "joined"),
+        ("{% set n = namespace(s='ab') %}{% for i in range(40) %}{% set n.s = n.s + n.s %}{% endfor %}", "concat"),
+        ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "rendered text is over"),
+    ],
+)
+def test_render_chats_refuses_a_template_past_its_budget_in_one_line(template, why):
+    spec = {"chat_template": {"template": template, "special_tokens": {}}}
+    with pytest.raises(InputError, match=f"ran out of its budget on messages\\[0\\] \\(.*{why}") as err:
+        render_chats(spec, [[{"role": "user", "content": "hi"}]])
+    assert "\n" not in str(err.value)
+
+
+def test_render_chats_bounds_a_template_that_loops_only_on_some_messages():
+    template = (
+        "{% for m in messages %}{% if m.content.startswith('!!') %}" + _HUNG + "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    spec = {"chat_template": {"template": template, "special_tokens": {}}}
+    assert render_chats(spec, [[{"role": "user", "content": "hello"}]]) == ["hello"]
+    with pytest.raises(InputError, match="rendering took over"):
+        render_chats(spec, [[{"role": "user", "content": "!!hello"}]])
+    assert render_chats(spec, [[{"role": "user", "content": "again"}]]) == ["again"]  # still serves
