@@ -150,6 +150,37 @@ def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_f
 
 
 @needs_server
+def test_live_triton_answers_each_request_alone_when_one_fails_the_batch(artifact_copy, tmp_path):
+    from ..conftest import edit_manifest
+
+    edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
+    repository_from_artifact(artifact_copy, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))
+    long = " ".join(["word"] * 4 * verify_artifact(artifact_copy)["model"]["max_length"])
+    texts = [long if i == 7 else f"{SMALL_TEXTS[i % len(SMALL_TEXTS)]} {i}" for i in range(16)]
+    answers: dict[int, object] = {}
+
+    def client(i: int) -> None:
+        try:
+            answers[i] = _infer(server.url, "tiny-bert_python", [texts[i]], "EMBEDDING")
+        except InferenceServerException as err:
+            answers[i] = err
+
+    with LocalTriton(tmp_path / "repo", TRITON_ENV) as server:
+        for _ in range(3):  # rounds of concurrent requests, so that Triton batches the bad one with good ones
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            bad = answers.pop(7)
+            assert isinstance(bad, InferenceServerException) and bad.status() == "400" and "token" in bad.message()
+            assert all(isinstance(a, np.ndarray) for a in answers.values()), answers
+        with urllib.request.urlopen(f"{server.url}/v2/models/tiny-bert_python/stats") as answer:
+            stats = json.load(answer)["model_stats"][0]
+    assert stats["execution_count"] < stats["inference_count"]  # some requests shared a batch
+
+
+@needs_server
 def test_live_triton_serves_an_openvino_artifact(published_openvino, tmp_path):
     # The Python backend runs in .venv-triton, which must hold the artifact's engine (the triton extra's openvino).
     repository_from_artifact(published_openvino, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))

@@ -2,7 +2,8 @@
 pipeline.runtime.load, which verifies every file's hash first.
 
 Triton's dynamic batcher hands `execute` several requests at once; their texts run as one batch. A request with
-an empty or non-text input gets its own INVALID_ARG error; the others are answered. Written by
+an empty or non-text input gets its own INVALID_ARG error; the others are answered. Where the batch fails on one
+request's input (an overlong text, a tokenizer that panics), each request runs alone, so only that one fails. Written by
 `pipeline export triton`; needs `pipeline` (the runtime) in the Python environment Triton runs it with.
 """
 
@@ -51,6 +52,17 @@ class TritonPythonModel:
             return np.array([c.text.encode() for c in self.model.generate(texts)], dtype=np.object_)[:, None]
         return np.asarray(self.model.run(texts), dtype=np.float32)
 
+    def _response(self, texts: list[str]):
+        """One request's answer: its output, or its own error (INVALID_ARG for its input, INTERNAL otherwise)."""
+        try:
+            return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output, self._run(texts))])
+        except PipelineError as err:
+            return error_response(str(err).splitlines()[0])
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # a tokenizer's panic is a BaseException: it fails this request alone
+            return error_response(f"the model failed on this request ({type(err).__name__})", internal=True)
+
     def execute(self, requests):
         texts, spans, responses = [], {}, [None] * len(requests)
         for index, request in enumerate(requests):
@@ -61,14 +73,19 @@ class TritonPythonModel:
                 continue
             spans[index] = (len(texts), len(texts) + len(mine))
             texts.extend(mine)
-        if texts:
-            try:
-                results = self._run(texts)
-            except PipelineError as err:
-                return [r or error_response(str(err)) for r in responses]
+        if not texts:
+            return responses
+        try:
+            results = self._run(texts)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # one request's input failed the batch: each runs alone and gets its own answer
             for index, (start, stop) in spans.items():
-                tensor = pb_utils.Tensor(self.output, results[start:stop])
-                responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
+                responses[index] = self._response(texts[start:stop])
+            return responses
+        for index, (start, stop) in spans.items():
+            tensor = pb_utils.Tensor(self.output, results[start:stop])
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[tensor])
         return responses
 
     def finalize(self):
