@@ -24,11 +24,11 @@ def _attention_plan(arch, folder: str) -> str:
         return f"GroupQueryAttention ({arch.attention} layout)"
     import warnings
 
+    import torch
     import transformers
-    from accelerate import init_empty_weights
 
     config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
-    with warnings.catch_warnings(), init_empty_weights():
+    with warnings.catch_warnings(), torch.device("meta"):  # buffers too: shapes only, no memory
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     problem = arch.why_not_fused(model)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.architectures import architecture_for, remote_code_problem
+from pipeline.config_sizes import check_sizes
 from pipeline.confinement import check_confined
 from pipeline.errors import InputError
 from pipeline.manifest import Checkpoint, Manifest, StageRecord
@@ -295,6 +296,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             f"{folder}: task {task!r} is for {TASKS[task].family} models, and {model_type} is of the {family} family, "
             f"whose tasks are: {fitting}. Pass one of those with --task, or a checkpoint of another architecture."
         )
+    check_sizes(folder, TASKS[task].auto_class)
     if task == "feature-extraction" and pooling is None:
         pooling = {"mode": "mean", "normalize": False}
     checkpoint = Checkpoint(

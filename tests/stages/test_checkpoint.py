@@ -354,3 +354,23 @@ def test_run_refuses_an_auto_map_of_any_shape_in_one_line(tmp_path, tiny_bert, a
     with pytest.raises(InputError, match=r"config.json has `auto_map` .*never runs code") as err:
         _run(folder)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"n_positions": 120000}, r"gives transformer.wpe.weight the shape \(120000, "),
+        ({"vocab_size": 10**12}, r"gives transformer.wte.weight the shape \(1000000000000, "),
+    ],
+)
+def test_run_refuses_config_sizes_that_do_not_fit_the_weights_before_allocating(tmp_path, tiny_gpt2, change, match):
+    import resource
+
+    folder = _copy(tiny_gpt2, tmp_path / "sizes")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match=match + r".*the config does not fit the weights") as err:
+        _run(folder)
+    assert "\n" not in str(err.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20  # KB: under 1 GB more at peak
