@@ -104,6 +104,11 @@ class Manifest:
         """The graphs this build publishes, by file name, as paths."""
         return {name: record.output(name) for name, record in self.graph_records().items()}
 
+    def artifact_sources(self) -> dict[str, Path]:
+        """The files an artifact of this build holds besides its report and manifest, by file name: every graph
+        file and the tokenizer. Validation measures these and publish copies these."""
+        return {**self.graph_files(), "tokenizer.json": self.stage("export").output("tokenizer.json")}
+
     def graph_files(self) -> dict[str, Path]:
         """Every file of the graphs this build publishes, by file name: the graphs, and the data file beside each
         ONNX graph whose weights did not fit in it (referenced by name, so published under that same name)."""

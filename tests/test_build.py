@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,6 +178,27 @@ def test_build_refuses_output_folders_inside_the_checkpoint(option, tiny_bert, t
     with pytest.raises(InputError, match=r"lies inside the checkpoint folder .*Pass a folder outside") as err:
         build(checkpoint, "cpu-fp32", validation=texts_file, calibration=texts_file, **dirs)
     assert "\n" not in str(err.value) and not (checkpoint / "out").exists()
+
+
+def test_build_refuses_to_publish_files_other_than_those_its_reused_verdict_measured(tiny_bert, texts_file, build_dirs):
+    from pipeline.runtime.artifact import sha256_file
+
+    first = _build(tiny_bert, texts_file, build_dirs, target="cpu-fp32")
+    assert (
+        first.stage("validate").metrics["measured_files"]
+        == json.loads((Path(first.published["path"]) / "manifest.json").read_text())["validation"]["measured_files"]
+    )
+    # An edit to a cache entry that also fixes up its record (on shared storage, any node can).
+    entry = Path(first.stage("export").output("tokenizer.json")).parent
+    tokenizer = json.loads((entry / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = not tokenizer["normalizer"]["lowercase"]
+    (entry / "tokenizer.json").write_text(json.dumps(tokenizer))
+    record = json.loads((entry / "record.json").read_text())
+    record["files"]["tokenizer.json"] = sha256_file(entry / "tokenizer.json")
+    (entry / "record.json").write_text(json.dumps(record))
+    with pytest.raises(ArtifactError, match=r"measured on other files than those to publish \(tokenizer.json differ"):
+        _build(tiny_bert, texts_file, build_dirs, target="cpu-fp32")
+    assert not (build_dirs["artifacts_dir"] / "tiny-bert" / "v2").exists()
 
 
 def test_build_removes_a_latest_link_left_by_a_killed_publish(tiny_bert, texts_file, build_dirs):

@@ -216,13 +216,25 @@ def _write_staging(
         file.chmod(0o444)
 
 
+def _check_validated(manifest: Manifest, digests: dict[str, str]) -> None:
+    """Nothing unvalidated is published: the verdict must name exactly these files, by digest."""
+    measured = manifest.stage("validate").metrics.get("measured_files")
+    if measured != digests:
+        changed = sorted(n for n in set(digests) | set(measured or {}) if (measured or {}).get(n) != digests.get(n))
+        raise ArtifactError(
+            f"the validation verdict was measured on other files than those to publish ({', '.join(changed)} "
+            f"differ): a stage-cache entry changed after validation. Nothing was published; remove "
+            f"{manifest.cache_dir} (or the changed entries) and rebuild"
+        )
+
+
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Publish the validated graph, or report the identical version already published."""
-    manifest.stage("validate")  # nothing unvalidated is published
-    export = manifest.stage("export")
-    sources = {**manifest.graph_files(), "tokenizer.json": export.output("tokenizer.json")}
+    sources = manifest.artifact_sources()
+    digests = {name: sha256_file(path) for name, path in sources.items()}
+    _check_validated(manifest, digests)
     root = model_root(manifest.artifacts_dir, manifest.model_name)
-    content = _content(manifest, target, {name: sha256_file(path) for name, path in sources.items()})
+    content = _content(manifest, target, digests)
     content_id = hashlib.sha256(canonical_json(content)).hexdigest()
     try:
         with model_lock(root):

@@ -30,13 +30,13 @@ from pipeline.reference import (
     load_torch_model,
     pytorch_outputs,
 )
-from pipeline.runtime.artifact import verify_artifact
+from pipeline.runtime.artifact import sha256_file, verify_artifact
 from pipeline.runtime.load import load
 from pipeline.stages.checkpoint import checkpoint_digest
 from pipeline.targets import Accuracy, Generation, Target
 from pipeline.tasks import TASKS
 
-VERSION = 5
+VERSION = 6  # 6: the verdict names the digests of the files it measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,8 @@ def _generation_reference(manifest: Manifest, target: Target, texts: list, candi
 def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     checkpoint = manifest.checkpoint
     metric = TASKS[checkpoint.task].metric
+    # Hashed before they are loaded: publish refuses to publish other files under this verdict.
+    measured_files = {name: sha256_file(path) for name, path in sorted(manifest.artifact_sources().items())}
     candidate = candidate_model(manifest, target)
     new_tokens = target.generation.new_tokens
     speed = None
@@ -109,6 +111,7 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     # The search's held-out check measured this graph on these texts with these settings in this process.
     result["measured_by"] = "search held-out check" if reused else "validation"
     result["verdict"] = verdict(stats, target.accuracy)
+    result["measured_files"] = measured_files
     if speed is not None:
         result.update(new_tokens=new_tokens, speed=speed)
     return result
