@@ -116,6 +116,33 @@ def _config_defaults(model_type: str):
         return None
 
 
+# transformers' task tables that make a family a speech, image or text-to-text model, with what such a model
+# needs besides its weights. Checked before the text paths: a Whisper or DINOv2 checkpoint is refused for what it
+# is, not for a missing tokenizer.
+_MODALITIES = (
+    (
+        ("SPEECH_SEQ_2_SEQ", "CTC", "AUDIO_CLASSIFICATION"),
+        "a speech model: it needs a feature extractor (preprocessor_config.json) and audio input",
+    ),
+    (
+        ("IMAGE", "IMAGE_CLASSIFICATION", "ZERO_SHOT_IMAGE_CLASSIFICATION"),
+        "an image model: it needs an image processor (preprocessor_config.json) and image input",
+    ),
+    (("SEQ_TO_SEQ_CAUSAL_LM",), "an encoder-decoder text-to-text model (translation, summarization)"),
+)
+
+
+def modality_problem(model_type: str) -> str | None:
+    """What kind of model `model_type` is where it is not a text encoder or decoder this pipeline builds, else
+    None (transformers' own task tables say which)."""
+    from transformers.models.auto import modeling_auto
+
+    for tables, what in _MODALITIES:
+        if any(model_type in getattr(modeling_auto, f"MODEL_FOR_{t}_MAPPING_NAMES", {}) for t in tables):
+            return f"{what}; this pipeline builds text encoders and decoders only so far"
+    return None
+
+
 def architecture_for(config: dict, folder="") -> Architecture:
     """The record of a checkpoint's config.json; a generic record for a family the exporter knows but this table
     does not; else a one-line InputError naming what is missing."""
@@ -127,7 +154,10 @@ def architecture_for(config: dict, folder="") -> Architecture:
     heads = config.get("architectures") or []
     decoder = any(str(h).endswith(DECODER_HEADS) for h in heads)
     defaults = _config_defaults(model_type)
-    if defaults is None:
+    modality = modality_problem(model_type) if defaults is not None else None
+    if modality:
+        problem = modality
+    elif defaults is None:
         problem = "transformers has no such model type: a custom architecture, whose code this pipeline never runs"
     elif config.get("is_encoder_decoder", defaults.is_encoder_decoder):
         problem = "encoder-decoder models (translation, summarization) are not built by this pipeline"

@@ -57,7 +57,9 @@ def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
     shutil.copytree(tiny_bert, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
-    with pytest.raises(InputError, match=r"'t5' is not supported \(encoder-decoder models.*\); supported: albert"):
+    with pytest.raises(
+        InputError, match=r"'t5' is not supported \(an encoder-decoder text-to-text model.*\); supported: albert"
+    ):
         _run(folder)
 
 
@@ -374,3 +376,24 @@ def test_run_refuses_config_sizes_that_do_not_fit_the_weights_before_allocating(
         _run(folder)
     assert "\n" not in str(err.value)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20  # KB: under 1 GB more at peak
+
+
+@pytest.mark.parametrize(
+    "model_type, what",
+    [
+        ("whisper", "a speech model: it needs a feature extractor"),
+        ("wav2vec2", "a speech model: it needs a feature extractor"),
+        ("dinov2", "an image model: it needs an image processor"),
+        ("vit", "an image model: it needs an image processor"),
+        ("clip", "an image model: it needs an image processor"),
+        ("marian", "an encoder-decoder text-to-text model"),
+    ],
+)
+def test_run_refuses_speech_image_and_text_to_text_models_for_what_they_are(tmp_path, tiny_bert, model_type, what):
+    folder = _copy(tiny_bert, tmp_path / model_type)
+    (folder / "tokenizer.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type, "architectures": None}))
+    with pytest.raises(InputError, match=f"architecture '{model_type}' is not supported \\({what}") as err:
+        _run(folder)
+    assert "tokenizer" not in str(err.value)
