@@ -131,6 +131,19 @@ def _generation_speed(validation: dict) -> list[str]:
     return lines
 
 
+def _small_calibration(manifest) -> list[str]:
+    """A line where the calibration file was too small to judge candidates on alone (pipeline.stages.quantize)."""
+    filled = max((r.metrics.get("development_filled") or 0 for r in manifest.stages), default=0)
+    if not filled:
+        return []
+    own = max(r.metrics.get("calibration_examples") or 0 for r in manifest.stages)
+    return [
+        f"note: the calibration file gave {own} calibration examples and too few development ones, so {filled} of "
+        "the repository's own texts judged the candidates beside them; int8 ranges from so few examples may miss "
+        "text unlike them: give 256 or more"
+    ]
+
+
 def build_summary(manifest, spec, host_class: str) -> str:
     """What `pipeline build` prints after its stages: where the artifact went, the validation's verdicts, and a
     note where the target's kernel class is not the build host's (`host_class`)."""
@@ -149,6 +162,7 @@ def build_summary(manifest, spec, host_class: str) -> str:
     engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
     if engine and engine["status"] == "pending":
         lines.append(f"engine pending: {engine['reason']}; every other stage is published")
+    lines += _small_calibration(manifest)
     validation = manifest.stage("validate").metrics
     lines += ["validation against PyTorch on held-out text:", verdict_table(validation["verdict"])]
     if "int8_qdq" in validation:

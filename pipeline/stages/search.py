@@ -40,13 +40,13 @@ from pipeline.recipes import Job, build_candidate
 from pipeline.reference import pytorch_outputs
 from pipeline.runtime.host import cpu_flags, kernel_class
 from pipeline.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
-from pipeline.stages.quantize import calibration_texts, development_split
+from pipeline.stages.quantize import calibration_texts, development_split, filled_examples
 from pipeline.stages.search_decoder import search_decoders
 from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 18
+VERSION = 19  # 19: a small development split is filled up from the repository's text
 SEQUENCE = 128
 
 
@@ -61,6 +61,7 @@ class SearchConfig:
     batch_size: int
     sequence: int
     calibration: str
+    development: str
     held_out: str
     session: dict
     generation: dict | None
@@ -244,7 +245,7 @@ def held_out_texts(manifest: Manifest, target: Target) -> list:
 
 def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
     """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
-    calibration, development = development_split(texts)
+    calibration, development = development_split(texts, manifest, target)
     split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
     searcher = search_decoders if family(manifest) == "decoder" else _search_encoders
@@ -266,6 +267,7 @@ def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
         "candidates": rows,
         "calibration_examples": len(calibration),
         "development_examples": len(development),
+        "development_filled": filled_examples(texts, development),
         "held_out_examples": len(split["held_out"]),
         "kernel_class": kernel_class(flags),
         "timed_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -284,6 +286,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         batch_size=target.shapes.batch_size,
         sequence=SEQUENCE,
         calibration=texts_digest(texts),
+        development=texts_digest(development_split(texts, manifest, target)[1]),
         held_out=texts_digest(held_out_texts(manifest, target)),
         session=session_of(target),
         generation=target.to_dict()["generation"] if family(manifest) == "decoder" else None,

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -145,9 +146,12 @@ def test_quantize_decoder_falls_back_until_its_gate_is_met(texts_file, calibrati
             manifest = stage(manifest, target)
         return manifest.stage("quantize")
 
-    plain = quantized("plain", quantize__max_fp32_nodes=0).metrics["candidates"][0]
+    first = quantized("plain", quantize__max_fp32_nodes=0).metrics
+    plain = first["candidates"][0]
     # The development gate narrows an extreme by development_margin(n): undo it so that the split must reach 0.7x.
-    plain_examples = len(read_texts(calibration_file, "calibration")) // 4
+    # A split this small is filled up from the repository's own text.
+    plain_examples = first["development_examples"]
+    assert plain_examples == len(read_texts(calibration_file, "calibration")) // 4 + first["development_filled"]
     margin = development_margin(plain_examples)
     record = quantized(
         "wide", quantize__max_fp32_nodes=64, accuracy__max_abs_diff=plain["max_abs_diff"] * 0.7 / (1 - margin)
@@ -294,3 +298,37 @@ def test_weight_only_int4_keeps_the_lm_head_at_8_bits(blocks, texts_file, calibr
     [head] = [n.name for n in nodes if "logits" in n.output]
     assert bits.pop(head) == 8 and set(bits.values()) == {4} and len(bits) == 2 * 4  # qkv, o, up+gate, down
     assert sum(n.op_type == "Add" and n.name.endswith("/Add") for n in nodes) == (8 if blocks == "minimum" else 0)
+
+
+def test_development_split_fills_a_small_split_with_repository_text_only_where_unseen(tmp_path):
+    from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
+    from pipeline.manifest import Checkpoint
+
+    own = read_texts(DEFAULT_CALIBRATION, "calibration")
+    held_out = set(read_texts(DEFAULT_VALIDATION, "validation"))
+    user = [f"a short user sentence number {i}." for i in range(56)] + own[-4:]  # four lines the repository has
+    manifest = Manifest("m", "", "", "", str(DEFAULT_VALIDATION), "")
+    manifest = dataclasses.replace(manifest, checkpoint=Checkpoint("", "", "bert", "feature-extraction", {}, None, 128))
+    target = load_target("cpu-avx2-static")
+    calibration, development = quantize.development_split(user, manifest, target)
+    assert calibration == quantize.development_split(user)[0] and len(development) == quantize.MIN_DEVELOPMENT
+    added = development[len(user) // 4 :]
+    assert quantize.filled_examples(user, development) == len(added) == quantize.MIN_DEVELOPMENT - 15
+    assert not set(added) & (set(user) | held_out) and set(added) <= set(own)
+    large = own[:256]
+    assert quantize.development_split(large, manifest, target) == quantize.development_split(large)
+
+
+def test_build_says_in_one_line_what_a_small_calibration_file_risks(tiny_bert, texts_file, build_dirs, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(f"calibration sentence {i} about the weather." for i in range(40)) + "\n")
+    args = ["build", "--model", str(tiny_bert), "--target", "cpu-avx2-static", "--validation", str(texts_file)]
+    args += ["--calibration", str(small), "--artifacts-dir", str(build_dirs["artifacts_dir"])]
+    out = CliRunner().invoke(main, [*args, "--cache-dir", str(build_dirs["cache_dir"])])
+    assert out.exit_code == 0, out.output
+    [line] = [line for line in out.output.splitlines() if line.startswith("note: the calibration file")]
+    assert "54 of the repository's own texts judged the candidates" in line and "give 256 or more" in line
