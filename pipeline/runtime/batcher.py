@@ -5,7 +5,8 @@
 A batch closes when it holds `max_batch_size` texts or `max_wait_ms` after its first request arrived. A full
 queue rejects at once with OverloadedError rather than letting latency grow without bound. Every request that
 submit() accepts is answered (its row or its own error); after close() begins, submit() refuses with InputError.
-Standard library only, like the runtime.
+A batch that fails, on whatever it raises (a Rust panic is a BaseException), is retried request by request, so
+the worker outlives any request. Standard library only, like the runtime.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from concurrent.futures import Future
 
 from pipeline.errors import InputError, OverloadedError
+from pipeline.runtime.text import FATAL
 
 _STOP = object()
 _BATCHER_TIMEOUT = object()  # __call__'s default: the Batcher's own timeout
@@ -94,45 +96,65 @@ class Batcher:
             ) from None
 
     def _loop(self) -> None:
-        stopping = False
-        while not stopping:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            batch = [item]
-            deadline = time.monotonic() + self.max_wait
-            while len(batch) < self.max_batch_size:
-                left = deadline - time.monotonic()
+        live: list = []
+        try:
+            stopping = False
+            while not stopping:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                batch = [item]
+                deadline = time.monotonic() + self.max_wait
+                while len(batch) < self.max_batch_size:
+                    left = deadline - time.monotonic()
+                    try:
+                        item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:  # nothing is queued behind it: finish this batch, then stop
+                        stopping = True
+                        break
+                    batch.append(item)
+                live = [(text, future) for text, future in batch if future.set_running_or_notify_cancel()]
+                if live:
+                    self._answer(live)
+        finally:
+            self._refuse_the_rest(live)
+
+    def _refuse_the_rest(self, live: list) -> None:
+        """When the worker ends (after close(), or on KeyboardInterrupt/SystemExit raised in a model's run), no
+        request may be left without an answer: close, and fail whatever is still queued or unanswered."""
+        stopped = InputError("this Batcher's worker has stopped; make a new Batcher")
+        with self._lock:
+            self._closed = True
+            while True:
                 try:
-                    item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is _STOP:  # nothing is queued behind it: finish this batch, then stop
-                    stopping = True
-                    break
-                batch.append(item)
-            live = [(text, future) for text, future in batch if future.set_running_or_notify_cancel()]
-            if live:
-                self._answer(live)
+                if item is not _STOP and item[1].set_running_or_notify_cancel():
+                    live.append(item)
+        for _, future in live:
+            if not future.done():
+                future.set_exception(stopped)
 
     def _answer(self, live: list) -> None:
-        """Run a batch and resolve each caller's Future. When the batch fails on an InputError (one bad text),
-        each request is retried alone, so that every caller gets its own result or its own error."""
+        """Run a batch and resolve each caller's Future. When the batch fails, whatever it raised (one bad text's
+        InputError, or a BaseException such as a tokenizer's Rust panic), each request is retried alone, so that
+        every caller gets its own result or its own error and the worker lives on."""
         texts = [text for text, _ in live]
         try:
             outputs = self.model.run(texts)
             if len(outputs) != len(texts):
                 raise RuntimeError(f"the model returned {len(outputs)} rows for a batch of {len(texts)} texts")
-        except InputError as err:
+        except FATAL:  # ends the worker; _refuse_the_rest answers the callers
+            raise
+        except BaseException as err:  # a panic is no Exception, and must not end the worker either
             if len(live) == 1:
                 live[0][1].set_exception(err)
             else:
                 for request in live:
                     self._answer([request])
-            return
-        except Exception as err:  # every caller in the batch gets the error
-            for _, future in live:
-                future.set_exception(err)
             return
         for (_, future), output in zip(live, outputs, strict=True):
             future.set_result(output)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime.streams import chunk_cost, chunk_plan
-from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
+from pipeline.runtime.text import check_batch_size, check_texts, encode_batch, open_tokenizer
 
 
 def length_buckets(lengths: list[int], batch_size: int, bucketing: bool = True) -> list[list[int]]:
@@ -110,7 +110,7 @@ class EncoderInputs:
     def encode(self, texts) -> list:
         """Tokenize a batch with the Rust tokenizer, applying the target's overlong policy."""
         texts = check_texts(texts, "run()", pairs=True)
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = encode_batch(self.tokenizer, texts, "run()")
         for i, enc in enumerate(encodings):
             if len(enc.ids) > self.max_length:
                 raise InputError(
@@ -318,7 +318,7 @@ class Model:
         with self._qa_lock:
             tokenizer.no_truncation()
             strides = []
-            for i, enc in enumerate(tokenizer.encode_batch(questions, add_special_tokens=False)):
+            for i, enc in enumerate(encode_batch(tokenizer, questions, "answer()", add_special_tokens=False)):
                 room = self.max_length - added - len(enc.ids)
                 if room < 1:
                     raise InputError(
@@ -336,7 +336,8 @@ class Model:
             for stride in sorted(set(strides)):
                 chosen = [i for i, s in enumerate(strides) if s == stride]
                 tokenizer.enable_truncation(self.max_length, stride=stride, strategy="only_second")
-                encodings = tokenizer.encode_batch([(questions[i], contexts[i]) for i in chosen])
+                pairs = [(questions[i], contexts[i]) for i in chosen]
+                encodings = encode_batch(tokenizer, pairs, "answer()", numbers=chosen)
                 for i, enc in zip(chosen, encodings, strict=True):
                     windows[i] = [enc, *enc.overflowing]
         return windows

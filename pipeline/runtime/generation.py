@@ -33,7 +33,7 @@ from pipeline.runtime.backends.onnxruntime import open_session
 from pipeline.runtime.chat import ChatPrompts, chat_prompts
 from pipeline.runtime.kv_cache import Decoding, last_logits, padded, position_ids
 from pipeline.runtime.sampling import CONTEXT_TOKENS, Detokenizer, Sampling, choose_tokens, is_int, setting_problems
-from pipeline.runtime.text import check_batch_size, check_texts, open_tokenizer
+from pipeline.runtime.text import check_batch_size, check_texts, encode_batch, open_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Generator:
         to rendered chats, which hold the ones their template puts in)."""
         special = not isinstance(prompts, ChatPrompts)
         prompts = check_texts(prompts, call)
-        encodings = self.tokenizer.encode_batch(prompts, add_special_tokens=special)
+        encodings = encode_batch(self.tokenizer, prompts, call, add_special_tokens=special)
         for i, enc in enumerate(encodings):
             if not enc.ids:
                 raise InputError(

@@ -24,6 +24,39 @@ def open_tokenizer(path: Path):
     return tokenizer
 
 
+# Never turned into one request's error: they stop the process or unwind a generator or task on purpose.
+FATAL = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def encode_batch(tokenizer, inputs: list, call: str, numbers: list[int] | None = None, **options) -> list:
+    """`tokenizer.encode_batch(inputs, **options)`, where the tokenizer failing on an input is an InputError naming
+    it (as input `numbers[i]`, default i). A Rust panic (pyo3's PanicException, a BaseException: a tokenizer.json
+    pattern that backtracks without end on some text) is such a failure; the tokenizer stays usable after one."""
+    try:
+        return tokenizer.encode_batch(inputs, **options)
+    except FATAL:
+        raise
+    except BaseException as err:  # a panic is no Exception
+        failure = err
+    # The batch failed as a whole: encode each input alone to name the one at fault.
+    for i, item in zip(numbers or range(len(inputs)), inputs, strict=True):
+        try:
+            tokenizer.encode_batch([item], **options)
+        except FATAL:
+            raise
+        except BaseException as err:
+            raise _tokenizer_failed(f"{call} input {i}: the tokenizer failed on it", err) from None
+    raise _tokenizer_failed(f"{call}: the tokenizer failed on these {len(inputs)} inputs together", failure) from None
+
+
+def _tokenizer_failed(what: str, err: BaseException) -> InputError:
+    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return InputError(
+        f"{what} ({why}); send other text, or rebuild the artifact from a checkpoint whose tokenizer.json has no "
+        "pattern that backtracks without bound"
+    )
+
+
 def _valid_text(text: str) -> bool:
     """Whether a str can be encoded as UTF-8 (a lone surrogate cannot, and the tokenizer raises on it)."""
     try:

@@ -3,9 +3,14 @@
 Each replica loads the artifact once (verified at load) and batches concurrent requests with @serve.batch; HTTP
 is served by Ray's proxy on a loopback port. The request is a POST of JSON `{"texts": [...]}`; the answer is
 `{"embeddings": ...}` (feature-extraction), `{"logits": ...}` (classifiers) or `{"completions": [...]}` (decoders).
-A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts (a batch that fails on one request's
-input is retried request by request, so only that request gets the 400), 413 for a body over `max_body_bytes`,
-405 for any method but POST; the replica keeps serving.
+A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 for a body over `max_body_bytes`,
+408 for one not in within `body_timeout_s`, 405 for any method but POST, 503 while a replica already reads
+`max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
+panic is no Exception), is retried request by request: only the request at fault gets its error.
+
+Ray's proxy hands a request to a replica once its headers are in; the replica pulls the body from the proxy as
+it comes, holding one of its `max_ongoing_requests`. So reads are bounded in time (`body_timeout_s`) and number
+(`max_body_reads` a replica, beyond a batch's places): clients slow to send a body cannot stall the others.
 
 Exposure: a local instance runs every Ray process on 127.0.0.1 with Ray's token authentication on (a token made
 for the instance, kept in its environment); docs/serving.md lists what listens where.
@@ -17,7 +22,10 @@ the cluster, where Ray places each replica on a node with that many free). More 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
 import os
 import secrets
 import socket
@@ -31,6 +39,10 @@ ROUTE = "/"
 CONNECT_TIMEOUT_S = 5.0
 MAX_BODY_BYTES = 1 << 20
 MAX_TEXTS = 256
+BODY_TIMEOUT_S = 10.0
+# Bodies a replica reads at once (one more is answered 503 at once); it takes as many requests in flight beyond a
+# batch's places, so that clients slow to send a body cannot take those.
+MAX_BODY_READS = 128
 _USAGE = 'POST JSON {"texts": ["a text", ...]}'
 
 
@@ -77,6 +89,13 @@ def check_limit(value, option: str) -> int:
     return value
 
 
+def check_seconds(value, option: str) -> float:
+    """A time limit: a positive finite number of seconds, else an InputError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise InputError(f"{option} {value!r}: pass a positive number of seconds")
+    return float(value)
+
+
 _JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a boolean", int: "a number", float: "a number"}
 
 
@@ -118,7 +137,8 @@ def read_texts(body: bytes, max_texts: int = MAX_TEXTS) -> list[str]:
 
 
 async def read_body(request, max_body_bytes: int) -> bytes:
-    """A starlette request's body, else an InputError once it is over `max_body_bytes` (read no further)."""
+    """A starlette request's body, else an InputError once it is over `max_body_bytes` (read no further). The
+    caller bounds it in time: it waits on the client."""
     too_large = InputError(
         f"the request body is over the limit of {max_body_bytes} bytes (max_body_bytes, "
         "`pipeline serve --max-body-bytes`); send fewer or shorter texts a request"
@@ -165,13 +185,22 @@ def bind_replica_grpc_to_node_ip() -> None:
     replica.add_port_to_grpc_server = on_node_ip
 
 
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
 def _deployment():
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    def error(status: int, err: Exception, **headers) -> JSONResponse:
-        return JSONResponse({"error": str(err).splitlines()[0]}, status_code=status, headers=headers or None)
+    from pipeline.runtime.text import FATAL
+
+    # Never answered as one request's failure: they stop the process, or cancel the task on purpose.
+    fatal = (*FATAL, asyncio.CancelledError)
+
+    def error(status: int, err: BaseException, **headers) -> JSONResponse:
+        return JSONResponse({"error": _first_line(err)}, status_code=status, headers=headers or None)
 
     class ArtifactReplica:
         """One replica: the artifact loaded once, requests batched across callers."""
@@ -183,6 +212,7 @@ def _deployment():
             self.model = load(artifact, intra_op_threads=threads)
             self.key = answer_key(self.model.task)
             self.limits = limits
+            self.reading = 0  # bodies being read; only the replica's event loop changes it
             self.batched.set_max_batch_size(max_batch_size)
             self.batched.set_batch_wait_timeout_s(wait_s)
 
@@ -196,19 +226,25 @@ def _deployment():
             return self.model.run(texts).tolist()
 
         def run_alone(self, texts: list[str]):
-            """One request's results, or the InputError its own input raised."""
+            """One request's results, or what its run raised (its InputError, or any other failure)."""
             try:
                 return self.run(texts)
-            except InputError as err:
+            except fatal:
+                raise
+            except BaseException as err:  # a Rust panic is no Exception
                 return err
 
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
         async def batched(self, calls: list[list[str]]) -> list:
             # One request's bad input (an overlong text) fails the whole batch: each is then run alone, so that
-            # only the request at fault gets its InputError, as pipeline.runtime.batcher does.
+            # only the request at fault gets its error, as pipeline.runtime.batcher does. Whatever the batch
+            # raised: Ray's batching answers an Exception to every caller but leaves them all unanswered on
+            # another BaseException (a tokenizer's Rust panic).
             try:
                 results = self.run([text for call in calls for text in call])
-            except InputError as err:
+            except fatal:
+                raise
+            except BaseException as err:
                 return [err] if len(calls) == 1 else [self.run_alone(call) for call in calls]
             answers, start = [], 0
             for call in calls:
@@ -216,13 +252,36 @@ def _deployment():
                 start += len(call)
             return answers
 
+        async def read(self, request: Request):
+            """The request's body, or the refusal to answer: 503 while max_body_reads bodies are being read, 408
+            past body_timeout_s, 413 over max_body_bytes."""
+            if self.reading >= self.limits["max_body_reads"]:
+                busy = ServingError(
+                    f"this replica is reading {self.limits['max_body_reads']} request bodies already (max_body_reads:"
+                    " clients slow to send them); retry in a second"
+                )
+                return error(503, busy, **{"Retry-After": "1"})
+            self.reading += 1
+            try:
+                async with asyncio.timeout(self.limits["body_timeout_s"]):
+                    return await read_body(request, self.limits["max_body_bytes"])
+            except TimeoutError:
+                late = InputError(
+                    f"the request body did not arrive within the limit of {self.limits['body_timeout_s']:g} s "
+                    "(body_timeout_s, `pipeline serve --body-timeout`); send the whole body with the headers"
+                )
+                return error(408, late, Connection="close")
+            except InputError as err:
+                return error(413, err)
+            finally:
+                self.reading -= 1
+
         async def __call__(self, request: Request):
             if request.method != "POST":
                 return error(405, InputError(f"{request.method} is not served here; {_USAGE}"), Allow="POST")
-            try:
-                body = await read_body(request, self.limits["max_body_bytes"])
-            except InputError as err:
-                return error(413, err)
+            body = await self.read(request)
+            if not isinstance(body, bytes):
+                return body
             try:
                 texts = read_texts(body, self.limits["max_texts"])
             except InputError as err:
@@ -230,6 +289,10 @@ def _deployment():
             answer = await self.batched(texts)
             if isinstance(answer, InputError):
                 return error(400, answer)
+            if isinstance(answer, BaseException):
+                why = f"{type(answer).__name__}: {_first_line(answer)}"
+                logging.getLogger("ray.serve").error("a request failed (%s)", why, exc_info=answer)
+                return error(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))
             return {self.key: answer}
 
     return ArtifactReplica
@@ -276,16 +339,22 @@ def deploy(
     wait_ms: float = 2.0,
     max_body_bytes: int | None = None,
     max_texts: int | None = None,
+    body_timeout_s: float | None = None,
+    max_body_reads: int | None = None,
 ) -> str:
     """Deploy `artifact` on a local Ray instance (or the cluster at `address`); returns the HTTP URL once every
-    replica runs. A request's body is refused over `max_body_bytes` (default 1 MiB), its texts over `max_texts`
-    (default 256). Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
+    replica runs. A request's body is refused over `max_body_bytes` (default 1 MiB) or once it has taken over
+    `body_timeout_s` (default 10 s) to arrive, its texts over `max_texts` (default 256); a replica reads at most
+    `max_body_reads` bodies at once (default 128). Raises ServingError for a port in use, an unreachable address,
+    or replicas that do not fit."""
     from pipeline.runtime import verify_artifact
     from pipeline.serving.triton_server import check_port_free
 
     limits = {
         "max_body_bytes": check_limit(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes, "--max-body-bytes"),
         "max_texts": check_limit(MAX_TEXTS if max_texts is None else max_texts, "--max-texts"),
+        "body_timeout_s": check_seconds(BODY_TIMEOUT_S if body_timeout_s is None else body_timeout_s, "--body-timeout"),
+        "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
     }
     manifest = verify_artifact(artifact)
     if address:
@@ -303,7 +372,8 @@ def deploy(
     options = {
         "num_replicas": replicas,
         "ray_actor_options": {"num_cpus": threads},
-        "max_ongoing_requests": max(batch, 8),
+        # A batch's places, and as many more as bodies a replica reads at once.
+        "max_ongoing_requests": max(batch, 8) + limits["max_body_reads"],
         "health_check_period_s": 5,
     }
     replica = serve.deployment(_deployment(), name="artifact", **options)

@@ -17,6 +17,7 @@ from pipeline.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.runtime.artifact import sha256_file
 from pipeline.targets import Target
 from pipeline.tasks import DEFAULT_TASK, TASK_FROM_HEAD, TASKS
+from pipeline.tokenizer_patterns import check_tokenizer_patterns
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -285,6 +286,8 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         raise InputError(f"{folder} has no weights (none of {', '.join(WEIGHT_FILES)}); copy them into the folder")
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
+    if (folder / "tokenizer.json").is_file():
+        check_tokenizer_patterns(_json(folder / "tokenizer.json"), folder / "tokenizer.json")
     pooling = _pooling(folder)
     task = manifest.task_override or _task_from_head(config, pooling) or DEFAULT_TASK[arch.family]
     if task not in TASKS:

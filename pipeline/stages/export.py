@@ -36,6 +36,7 @@ from pipeline.passes.lm_head import last_token_logits
 from pipeline.reference import load_hf_tokenizer, load_torch_model, pooled_module
 from pipeline.targets import Target
 from pipeline.tasks import TASKS
+from pipeline.tokenizer_patterns import check_tokenizer_patterns
 
 OPSET = 17
 VERSION = 10
@@ -260,6 +261,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     diff = _decoder_probe(session, model, tokenizer, past, right, checkpoint.max_length)
     if diff > 1e-3:
         raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
     inputs = [n for n in names if n not in past]
     spec = runtime_spec(checkpoint, tokenizer, inputs)
@@ -334,6 +336,7 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
     diff = float(np.abs(got - expected).max())
     if diff > 1e-3:
         raise ExportError(f"the exported graph differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
     spec = runtime_spec(checkpoint, tokenizer, input_names)
     return {"spec": spec, "probe_max_abs_diff": diff, "dropped_inputs": [n for n in offered if n not in input_names]}

@@ -1,3 +1,4 @@
+import shutil
 import sys
 import threading
 
@@ -9,6 +10,7 @@ from pipeline.runtime import load
 from pipeline.runtime.batcher import Batcher
 
 from ..conftest import SMALL_TEXTS
+from .backtracking import PANICS, add_backtracking_split, backtracking_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +171,62 @@ def test_call_raises_timeout_error_after_the_batchers_default_timeout(model):
 def test_batcher_raises_input_error_naming_the_setting_when_it_is_bad(model, kwargs, message):
     with pytest.raises(InputError, match=message):
         Batcher(model, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def backtracking(published, tmp_path_factory):
+    """A copy of the session's artifact whose tokenizer.json has a Split pattern that backtracks without bound."""
+    copy = tmp_path_factory.mktemp("backtracking") / "tiny-bert" / published.parent.name / published.name
+    shutil.copytree(published, copy)
+    return add_backtracking_split(copy)
+
+
+def test_batcher_gives_only_the_text_the_tokenizer_panics_on_an_error_and_keeps_serving(backtracking):
+    model = load(backtracking)
+    good = "The cat sat on the mat."
+    with Batcher(model, max_batch_size=3, max_wait_ms=2000, timeout=30) as batcher:
+        futures = [batcher.submit(good), batcher.submit(PANICS), batcher.submit("ok")]
+        with pytest.raises(InputError, match="the tokenizer failed on it"):
+            futures[1].result(timeout=30)
+        assert futures[0].result(timeout=30).shape == futures[2].result(timeout=30).shape == (32,)
+        np.testing.assert_allclose(batcher(good), model.run([good])[0], atol=1e-5)
+
+
+class Tokenizing:
+    """A model whose run calls the tokenizers library straight, with no runtime check around it: a Rust panic
+    (a BaseException) reaches the Batcher as it is."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def run(self, texts):
+        return [len(e.ids) for e in self.tokenizer.encode_batch(texts)]
+
+
+def test_batcher_retries_each_request_alone_and_lives_on_when_a_batch_raises_a_base_exception(published):
+    batcher = Batcher(Tokenizing(backtracking_tokenizer(published / "tokenizer.json")), max_wait_ms=2000)
+    try:
+        futures = [batcher.submit("ok"), batcher.submit(PANICS), batcher.submit("the cat")]
+        assert futures[0].result(timeout=30) == 3 and futures[2].result(timeout=30) == 4
+        panic = futures[1].exception(timeout=30)
+        assert isinstance(panic, BaseException) and not isinstance(panic, Exception)
+        assert batcher("ok", timeout=30) == 3  # the worker lives on
+    finally:
+        batcher.close()
+
+
+class Exiting:
+    def run(self, texts):
+        raise SystemExit(3)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # SystemExit ends the worker
+def test_batcher_answers_its_callers_and_refuses_new_ones_when_a_run_raises_system_exit():
+    batcher = Batcher(Exiting(), max_wait_ms=200)
+    futures = [batcher.submit("one"), batcher.submit("two")]
+    for future in futures:
+        with pytest.raises(InputError, match="worker has stopped"):
+            future.result(timeout=10)
+    with pytest.raises(InputError, match="closed"):
+        batcher.submit("three")
+    batcher.close()

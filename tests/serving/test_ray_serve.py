@@ -1,5 +1,6 @@
 import ipaddress
 import json
+import math
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from pipeline.errors import InputError, ServingError
 from pipeline.runtime import load
@@ -18,10 +20,12 @@ from pipeline.serving import ray_serve
 from pipeline.serving.triton_server import free_port
 
 from ..conftest import SMALL_TEXTS
+from ..runtime.backtracking import PANICS, add_backtracking_split
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
 
 MAX_BODY_BYTES, MAX_TEXTS = 64 * 1024, 16
+BODY_TIMEOUT_S, MAX_BODY_READS = 8.0, 32  # a replica reads 32 bodies at once; 2 replicas, 64
 OVERLONG = "word " * 500  # 500 tokens, over the tiny model's 128
 
 
@@ -41,7 +45,8 @@ def _post(url: str, body: bytes, method: str = "POST") -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def refusing_fp32(published_fp32, tmp_path_factory):
-    """A copy of the fp32 artifact whose manifest refuses overlong input (InputError) rather than truncating."""
+    """A copy of the fp32 artifact whose manifest refuses overlong input (InputError) rather than truncating, and
+    whose tokenizer.json has a Split pattern that backtracks without bound (the tokenizer panics on PANICS)."""
     copy = tmp_path_factory.mktemp("refusing") / "tiny-bert" / published_fp32.parent.name / published_fp32.name
     shutil.copytree(published_fp32, copy)
     path = copy / "manifest.json"
@@ -50,7 +55,7 @@ def refusing_fp32(published_fp32, tmp_path_factory):
     manifest["model"]["overlong"] = "refuse"
     manifest["manifest_sha256"] = manifest_digest(manifest)
     path.write_text(json.dumps(manifest))
-    return copy
+    return add_backtracking_split(copy)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +69,8 @@ def served(refusing_fp32):
         wait_ms=200,
         max_body_bytes=MAX_BODY_BYTES,
         max_texts=MAX_TEXTS,
+        body_timeout_s=BODY_TIMEOUT_S,
+        max_body_reads=MAX_BODY_READS,
     )
     try:
         yield url
@@ -71,11 +78,11 @@ def served(refusing_fp32):
         ray_serve.shutdown()
 
 
-def test_two_replicas_answer_32_concurrent_clients_like_load_run(served, published_fp32):
+def test_two_replicas_answer_32_concurrent_clients_like_load_run(served, refusing_fp32):
     state = ray_serve.status()
     assert state["status"] == "RUNNING"
     assert [d["replicas"] for d in state["deployments"].values()] == [{"RUNNING": 2}]
-    model = load(published_fp32)
+    model = load(refusing_fp32)
     texts = [f"{SMALL_TEXTS[i % len(SMALL_TEXTS)]} {i}" for i in range(40)]
     expected = dict(zip(texts, model.run(texts), strict=True))
     wrong, done, deadline = [], [], time.monotonic() + 6
@@ -126,8 +133,13 @@ def test_a_get_gets_405_naming_post(served):
     assert status == 405 and answer["allow"] == "POST" and "POST" in answer["error"]
 
 
-def test_an_overlong_text_gets_400_alone_when_batched_with_six_good_ones(served):
-    bodies = [[OVERLONG]] + [[text] for text in SMALL_TEXTS[:6]]
+@pytest.mark.parametrize(
+    "bad, says",
+    [(OVERLONG, "tokens, over the model's 128"), (PANICS, "run() input 0: the tokenizer failed on it (")],
+)
+def test_a_bad_text_gets_400_alone_when_batched_with_six_good_ones(served, bad, says):
+    # PANICS makes the tokenizer panic: a BaseException, which Ray's batching answers to no caller.
+    bodies = [[bad]] + [[text] for text in SMALL_TEXTS[:6]]
     answers = [None] * len(bodies)
     start = threading.Barrier(len(bodies))
 
@@ -140,8 +152,89 @@ def test_an_overlong_text_gets_400_alone_when_batched_with_six_good_ones(served)
         thread.start()
     for thread in threads:
         thread.join()
-    assert answers[0][0] == 400 and "over the model's 128" in answers[0][1]["error"]
+    assert answers[0][0] == 400 and says in answers[0][1]["error"] and "\n" not in answers[0][1]["error"]
     assert [status for status, _ in answers[1:]] == [200] * 6
+    assert _post(served, b'{"texts": ["still serving"]}')[0] == 200
+
+
+_HEADERS = b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+
+
+def _hold(url: str, count: int) -> list[socket.socket]:
+    """`count` connections that each send a POST's headers, announcing a 100-byte body, and no body."""
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    held = []
+    for _ in range(count):
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        held[-1].sendall(_HEADERS)
+    return held
+
+
+def _response(data: bytes, closed: bool) -> tuple[int | None, dict] | None:
+    """(status, JSON body) of a whole HTTP response in `data`; (None, {}) for a connection closed without one;
+    None while more is to come."""
+    head, blank, body = data.partition(b"\r\n\r\n")
+    fields = dict(line.lower().partition(b":")[::2] for line in head.split(b"\r\n")[1:])
+    if blank and len(body) >= int(fields.get(b"content-length", b"0")):
+        return int(head.split()[1]), json.loads(body or b"{}")
+    return (None, {}) if closed else None
+
+
+def _answers(held: list[socket.socket], timeout_s: float) -> list[tuple[int | None, dict, float]]:
+    """(status, JSON body, time.monotonic() when it came) of the answer on each connection; status None where the
+    server closed it without one, or nothing came within `timeout_s`."""
+    import selectors
+
+    started, found = time.monotonic(), {}
+    data = {sock: b"" for sock in held}
+    with selectors.DefaultSelector() as selector:
+        for sock in held:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        while len(found) < len(held) and time.monotonic() < started + timeout_s:
+            for key, _ in selector.select(timeout=0.2):
+                chunk = key.fileobj.recv(65536)
+                data[key.fileobj] += chunk
+                response = _response(data[key.fileobj], closed=not chunk)
+                if response is not None:
+                    selector.unregister(key.fileobj)
+                    found[key.fileobj] = (*response, time.monotonic())
+    return [found.get(sock, (None, {}, math.inf)) for sock in held]
+
+
+def test_clients_that_send_no_body_get_408_after_the_body_timeout_and_others_are_answered_meanwhile(served):
+    sent = time.monotonic()
+    held = _hold(served, 40)  # more than the 2 x 8 places of the replicas' batches
+    try:
+        time.sleep(1)  # the proxy has handed each to a replica, which waits on its body
+        started = time.monotonic()
+        status, answer = _post(served, b'{"texts": ["a normal request"]}')
+        assert status == 200 and len(answer["embeddings"]) == 1
+        assert time.monotonic() - started < BODY_TIMEOUT_S / 2, "a normal request waited on the slow clients"
+        answers = _answers(held, BODY_TIMEOUT_S + 20)
+    finally:
+        for sock in held:
+            sock.close()
+    assert [status for status, _, _ in answers] == [408] * 40
+    assert min(came for *_, came in answers) - sent > BODY_TIMEOUT_S - 0.5  # the limit, not a refusal at once
+    message = answers[0][1]["error"]
+    assert f"within the limit of {BODY_TIMEOUT_S:g} s (body_timeout_s, `pipeline serve --body-timeout`)" in message
+    assert _post(served, b'{"texts": ["still serving"]}')[0] == 200
+
+
+def test_a_replica_reading_max_body_reads_bodies_answers_503_at_once(served):
+    sent = time.monotonic()
+    held = _hold(served, 2 * MAX_BODY_READS + 16)
+    try:
+        answers = _answers(held, BODY_TIMEOUT_S + 20)
+    finally:
+        for sock in held:
+            sock.close()
+    refused = [(body, came - sent) for status, body, came in answers if status == 503]
+    assert len(refused) >= 16 and all(seconds < BODY_TIMEOUT_S / 2 for _, seconds in refused)
+    assert "max_body_reads" in refused[0][0]["error"]
+    assert {status for status, _, _ in answers} == {408, 503}
+    assert _post(served, b'{"texts": ["still serving"]}')[0] == 200
 
 
 def _listeners(pid: int) -> list[tuple[str, int, str, int]]:
@@ -246,9 +339,16 @@ def test_read_texts_returns_the_texts():
 
 @pytest.mark.parametrize("option", ["--max-texts", "--max-body-bytes"])
 def test_serve_refuses_a_limit_below_one_naming_the_option(option, tmp_path):
-    from click.testing import CliRunner
-
     from pipeline.cli import main
 
     result = CliRunner().invoke(main, ["serve", str(tmp_path), option, "0"])
     assert result.exit_code == InputError.exit_code and f"error: {option} 0: pass a positive" in result.output
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan"])
+def test_serve_refuses_a_body_timeout_that_is_not_a_positive_number_of_seconds(value, tmp_path):
+    from pipeline.cli import main
+
+    result = CliRunner().invoke(main, ["serve", str(tmp_path), "--body-timeout", value])
+    assert result.exit_code == InputError.exit_code and "error: --body-timeout" in result.output
+    assert "pass a positive number of seconds" in result.output

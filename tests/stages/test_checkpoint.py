@@ -397,3 +397,14 @@ def test_run_refuses_speech_image_and_text_to_text_models_for_what_they_are(tmp_
     with pytest.raises(InputError, match=f"architecture '{model_type}' is not supported \\({what}") as err:
         _run(folder)
     assert "tokenizer" not in str(err.value)
+
+
+def test_run_refuses_a_tokenizer_pattern_that_backtracks_without_bound(tmp_path, tiny_bert):
+    folder = _copy(tiny_bert, tmp_path / "backtracking")
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    split = {"type": "Split", "pattern": {"Regex": "(a+)+b"}, "behavior": "Isolated", "invert": False}
+    tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, tokenizer["pre_tokenizer"]]}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(InputError, match=r"tokenizer.json: the pre_tokenizer's Split pattern '\(a\+\)\+b'") as err:
+        _run(folder)
+    assert "\n" not in str(err.value)
