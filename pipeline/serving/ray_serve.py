@@ -25,25 +25,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
-import os
-import secrets
 import socket
 import time
 from urllib.parse import urlparse
 
 from pipeline.errors import InputError, ServingError
+from pipeline.serving.ray_local import local_ray_environment, ray_init, remove_private_temp_dir
+from pipeline.serving.requests import (
+    BODY_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_BODY_READS,
+    MAX_TEXTS,
+    USAGE,
+    answer_key,
+    check_limit,
+    check_seconds,
+    read_body,
+    read_texts,
+)
 
 APP = "pipeline"
 ROUTE = "/"
 CONNECT_TIMEOUT_S = 5.0
-MAX_BODY_BYTES = 1 << 20
-MAX_TEXTS = 256
-BODY_TIMEOUT_S = 10.0
-# Bodies a replica reads at once (one more is answered 503 at once); it takes as many requests in flight beyond a
-# batch's places, so that clients slow to send a body cannot take those.
-MAX_BODY_READS = 128
-_USAGE = 'POST JSON {"texts": ["a text", ...]}'
 
 
 def replica_threads(replicas: int, cpus: int, threads: int | None = None) -> int:
@@ -76,83 +79,6 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             f"no Ray cluster answers at {address} ({err.strerror or err} within {timeout_s:.0f} s); start one with "
             "`ray start --head` or check the address"
         ) from None
-
-
-def answer_key(task: str) -> str:
-    return {"feature-extraction": "embeddings", "text-generation": "completions"}.get(task, "logits")
-
-
-def check_limit(value, option: str) -> int:
-    """A request limit: a positive int, else an InputError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{option} {value!r}: pass a positive whole number")
-    return value
-
-
-def check_seconds(value, option: str) -> float:
-    """A time limit: a positive finite number of seconds, else an InputError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise InputError(f"{option} {value!r}: pass a positive number of seconds")
-    return float(value)
-
-
-_JSON_KINDS = {dict: "a JSON object", list: "a JSON array", bool: "a boolean", int: "a number", float: "a number"}
-
-
-def _json_kind(value) -> str:
-    return "null" if value is None else _JSON_KINDS.get(type(value), type(value).__name__)
-
-
-def read_texts(body: bytes, max_texts: int = MAX_TEXTS) -> list[str]:
-    """The texts of a request body `{"texts": [...]}`, else a one-line InputError saying what was wrong and how
-    to send it."""
-    try:
-        payload = json.loads(body)
-    except RecursionError:
-        raise InputError(f"the request's JSON nests too deeply; {_USAGE}") from None
-    except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
-        raise InputError(f"the request is not JSON ({err}); {_USAGE}") from None
-    if not isinstance(payload, dict) or "texts" not in payload:
-        raise InputError(f'the request has no "texts"; {_USAGE}')
-    texts = payload["texts"]
-    if isinstance(texts, str):
-        raise InputError('"texts" is a single string; send a list of strings: {"texts": ["a text"]}')
-    if not isinstance(texts, list):
-        raise InputError(f'"texts" is {_json_kind(texts)}; {_USAGE}')
-    if not texts:
-        raise InputError('"texts" is an empty list; send at least one text')
-    if len(texts) > max_texts:
-        raise InputError(
-            f'"texts" holds {len(texts)} texts, over the limit of {max_texts} a request (max_texts, '
-            "`pipeline serve --max-texts`); split them across requests"
-        )
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InputError(f'"texts" entry {i} is {_json_kind(text)}, not str; send text only')
-        if not text.strip():
-            raise InputError(f'"texts" entry {i} is empty; send text in every entry')
-    from pipeline.runtime.text import check_texts
-
-    return check_texts(texts, "request")
-
-
-async def read_body(request, max_body_bytes: int) -> bytes:
-    """A starlette request's body, else an InputError once it is over `max_body_bytes` (read no further). The
-    caller bounds it in time: it waits on the client."""
-    too_large = InputError(
-        f"the request body is over the limit of {max_body_bytes} bytes (max_body_bytes, "
-        "`pipeline serve --max-body-bytes`); send fewer or shorter texts a request"
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_body_bytes:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def bind_replica_grpc_to_node_ip() -> None:
@@ -278,7 +204,7 @@ def _deployment():
 
         async def __call__(self, request: Request):
             if request.method != "POST":
-                return error(405, InputError(f"{request.method} is not served here; {_USAGE}"), Allow="POST")
+                return error(405, InputError(f"{request.method} is not served here; {USAGE}"), Allow="POST")
             body = await self.read(request)
             if not isinstance(body, bytes):
                 return body
@@ -296,37 +222,6 @@ def _deployment():
             return {self.key: answer}
 
     return ArtifactReplica
-
-
-def _local_ray_environment(env=os.environ) -> None:
-    """Settings for the Ray instance this process starts, for it and every process it starts: all on 127.0.0.1,
-    and a token for Ray's token authentication, made for the instance and kept in the environment rather than
-    written to ~/.ray."""
-    # On Linux this makes Ray take 127.0.0.1 as the node's IP, which GCS, the raylet and the workers bind.
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    # Ray turns token authentication on for a new local instance unless RAY_AUTH_MODE says otherwise; setting
-    # the mode here would leave a process that imported ray earlier on its cached mode.
-    if not env.get("RAY_AUTH_TOKEN") and not env.get("RAY_AUTH_TOKEN_PATH"):
-        env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    env.pop("RAY_ADDRESS", None)
-
-
-def _ray_init(address: str | None) -> None:
-    """ray.init: joins the cluster at `address`, or starts a local instance whose node IP is 127.0.0.1."""
-    import ray
-    from ray._private import ray_constants
-
-    # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, at import; a process that imported ray before
-    # _local_ray_environment ran would take the host's network address as the node IP, which every Ray process
-    # then binds. The node IP is fixed once ray.init has made the node.
-    cluster = ray_constants.ENABLE_RAY_CLUSTER
-    if not address:
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        # "local": a new instance even where `ray start` left one running, which address=None would join.
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = cluster
 
 
 def deploy(
@@ -361,12 +256,12 @@ def deploy(
         check_reachable(address)
     else:
         check_port_free(port)
-        _local_ray_environment()
+        local_ray_environment()
     import ray
     from ray import serve
 
     if not ray.is_initialized():
-        _ray_init(address)
+        ray_init(address)
     threads = replica_threads(replicas, int(ray.available_resources().get("CPU", 0)), threads)
     batch = max_batch_size or int(manifest["model"]["batch_size"])
     options = {
@@ -409,6 +304,7 @@ def shutdown() -> None:
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
+    remove_private_temp_dir()
 
 
 def serve_forever(artifact, **options) -> None:

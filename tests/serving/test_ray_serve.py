@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from pipeline.errors import InputError, ServingError
 from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest
-from pipeline.serving import ray_serve
+from pipeline.serving import ray_local, ray_serve
 from pipeline.serving.triton_server import free_port
 
 from ..conftest import SMALL_TEXTS
@@ -72,10 +72,29 @@ def served(refusing_fp32):
         body_timeout_s=BODY_TIMEOUT_S,
         max_body_reads=MAX_BODY_READS,
     )
+    temp_dir = ray_local._STATE["temp_dir"]
     try:
         yield url
     finally:
         ray_serve.shutdown()
+    assert temp_dir and not os.path.exists(temp_dir)  # the session folder went with the instance
+
+
+def test_the_local_instance_keeps_its_files_private_and_its_token_out_of_the_environment(served):
+    import ray
+
+    folder = ray_local._STATE["temp_dir"]
+    assert folder and os.stat(folder).st_mode & 0o777 == 0o700 and "RAY_AUTH_TOKEN" not in os.environ
+    session = ray._private.worker.global_worker.node.get_session_dir_path()
+    assert os.path.realpath(session).startswith(os.path.realpath(folder) + os.sep)
+    assert ray_serve.status()["status"] == "RUNNING"  # the driver keeps working without the token in its environment
+
+
+@pytest.mark.parametrize("mode", ["disabled", "DISABLED", "none"])
+def test_deploy_refuses_an_auth_mode_that_turns_ray_token_authentication_off(published_fp32, monkeypatch, mode):
+    monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    with pytest.raises(ServingError, match=f"RAY_AUTH_MODE={mode} is set in this environment, which turns off"):
+        ray_serve.deploy(published_fp32, port=free_port())
 
 
 def test_two_replicas_answer_32_concurrent_clients_like_load_run(served, refusing_fp32):
