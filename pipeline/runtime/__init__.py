@@ -1,7 +1,7 @@
 """What a production process imports: load a verified artifact and run it.
 
 Imports only the standard library, numpy, tokenizers and the artifact's engine (onnxruntime, openvino or tensorrt),
-and nothing of the build (a test parses every module here and fails on any other import). Usage:
+jinja2 for chat and Pillow for image files, and nothing of the build (a test parses every module here and fails on any other import). Usage:
 
     from pipeline.runtime import load
     model = load("artifacts/all-minilm-l6-v2/latest/cpu-avx2")
@@ -12,7 +12,9 @@ and nothing of the build (a test parses every module here and fails on any other
     generation.py  Generator (decoders with a KV cache)              batcher.py  Batcher (dynamic batching)
     text.py        tokenizer and input checks                        engine_cache.py  TensorRT engine cache policy
     kv_cache.py    the decoder's KV cache buffers and padding          sampling.py greedy and sampled token choice
-    chat.py        chat templates rendered in a jinja2 sandbox
+    chat.py        chat templates rendered in a jinja2 sandbox   template_budget.py  their time and size budget
+    images.py      image preprocessing (Pillow decode and resize), labels, top k
+    audio.py       WAV reading, resampling, Whisper's log-mel features
     backends/      onnxruntime.py, openvino.py, tensorrt.py: one session interface
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 ALLOWED = {"numpy", "tokenizers", "onnxruntime", "openvino", "tensorrt", "cuda"}
 # Packages allowed in one runtime module only: jinja2 renders chat templates, lazily, in chat.py.
-ALLOWED_IN = {"jinja2": {"runtime/chat.py"}}
+ALLOWED_IN = {"jinja2": {"runtime/chat.py"}, "PIL": {"runtime/images.py"}}
 
 
 def _module_name(path: Path) -> str:
