@@ -1,7 +1,8 @@
 """What a production process imports: load a verified artifact and run it.
 
 Imports only the standard library, numpy, tokenizers and the artifact's engine (onnxruntime, openvino or tensorrt),
-jinja2 for chat and Pillow for image files, and nothing of the build (a test parses every module here and fails on any other import). Usage:
+jinja2 for chat and Pillow for image files, and nothing of the build (a test parses every module here and fails
+on any other import). Usage:
 
     from pipeline.runtime import load
     model = load("artifacts/all-minilm-l6-v2/latest/cpu-avx2")
