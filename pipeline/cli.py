@@ -221,6 +221,23 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
 
 @main.command()
 @click.argument("artifact")
+@click.argument("images", nargs=-1, required=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="labels printed a picture")
+def classify(artifact, images, top_k) -> None:
+    """Print the most probable labels of each of IMAGES (files) by an image-classification ARTIFACT."""
+    from pipeline.runtime import load
+    from pipeline.summary import printable
+
+    model = load(artifact)
+    if getattr(model, "task", None) != "image-classification":
+        raise InputError(f"{artifact} is built for {model.task}; classify needs an image-classification artifact")
+    for image, predictions in zip(images, model.classify_images(list(images), top_k=top_k), strict=True):
+        labels = ", ".join(f"{printable(p.label)} {p.score:.3f}" for p in predictions)
+        click.echo(f"{printable(image)}: {labels}")
+
+
+@main.command()
+@click.argument("artifact")
 @click.argument("prompts", nargs=-1, required=True)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
 @click.option("--temperature", type=float, default=None, help="> 0 samples; 0 is greedy (default: the checkpoint's)")

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.runtime.artifact import TOKENIZER_NAME
 
 MODEL_GRAPH = "model.onnx"  # the graph an artifact runs on ONNX Runtime or TensorRT
 OPENVINO_GRAPH = "model.xml"  # the graph of an OpenVINO artifact, with its weights in model.bin
@@ -104,10 +105,17 @@ class Manifest:
         """The graphs this build publishes, by file name, as paths."""
         return {name: record.output(name) for name, record in self.graph_records().items()}
 
+    def preprocessor(self) -> tuple[str, Path]:
+        """(name, path) of the file that turns input into the graph's tensors: the exported tokenizer, or an image
+        model's processor settings."""
+        export = self.stage("export")
+        name = export.metrics["spec"].get("preprocessor", TOKENIZER_NAME)
+        return name, export.output(name)
+
     def artifact_sources(self) -> dict[str, Path]:
         """The files an artifact of this build holds besides its report and manifest, by file name: every graph
-        file and the tokenizer. Validation measures these and publish copies these."""
-        return {**self.graph_files(), "tokenizer.json": self.stage("export").output("tokenizer.json")}
+        file and the preprocessor. Validation measures these and publish copies these."""
+        return {**self.graph_files(), **dict([self.preprocessor()])}
 
     def graph_files(self) -> dict[str, Path]:
         """Every file of the graphs this build publishes, by file name: the graphs, and the data file beside each
@@ -145,14 +153,13 @@ def candidate_model(manifest: Manifest, target, graph_path=None, backend: str | 
     be."""
     from pipeline.runtime.load import open_model
 
-    export = manifest.stage("export")
     if graph_path is None:
         chosen = manifest.chosen()
         graph_path = manifest.last_model().output(chosen["graph"])
         backend, session = chosen["backend"], {**chosen["session"], **(session or {})}
     return open_model(
         Path(graph_path),
-        export.output("tokenizer.json"),
+        manifest.preprocessor()[1],
         runtime_spec(manifest, target),
         session={**session_of(target), **(session or {})},
         backend=backend or "onnxruntime",

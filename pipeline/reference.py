@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.architectures import architecture_of
 from pipeline.architectures.encoders import encoder_inputs
 from pipeline.console import progress
 from pipeline.errors import InputError
@@ -162,6 +163,30 @@ def pooled_module(model, checkpoint: Checkpoint, input_names: list[str]):
     return Pooled().eval()
 
 
+def image_head(model, checkpoint: Checkpoint):
+    """The module the graph is traced from: pixel_values -> the task's output."""
+    import torch
+
+    embedding = architecture_of(checkpoint).image_embedding
+    classify = checkpoint.task == "image-classification"
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            out = self.model(pixel_values=pixel_values)
+            if classify:
+                return out.logits
+            pooled = getattr(out, "pooler_output", None)
+            if embedding == "cls" or pooled is None:
+                return out.last_hidden_state[:, 0]
+            return pooled.flatten(1)
+
+    return Head().eval()
+
+
 def _encoder_outputs(checkpoint: Checkpoint, texts: list) -> list:
     import torch
 
@@ -237,7 +262,30 @@ def generation_reference(checkpoint: Checkpoint, texts: list, new_tokens: int, m
     return _remembered(_request(checkpoint, texts, new_tokens), compute)
 
 
+def _image_outputs(checkpoint: Checkpoint, images: list):
+    """The checkpoint's model on pictures prepared by transformers' own image processor (the slow one, the
+    checkpoint's class): [n, dim] embeddings or [n, labels] logits."""
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(checkpoint.path, use_fast=False, local_files_only=True)
+    head = image_head(load_torch_model(checkpoint), checkpoint)
+    outputs = []
+    with torch.inference_mode():
+        for start in progress(range(0, len(images), 16), "PyTorch: reference outputs"):
+            pictures = []
+            for path in images[start : start + 16]:
+                with Image.open(path) as picture:
+                    pictures.append(picture.convert("RGB"))
+            pixels = processor(images=pictures, return_tensors="pt")["pixel_values"]
+            outputs.append(head(pixels).numpy())
+    return np.concatenate(outputs)
+
+
 def _pytorch_outputs(checkpoint: Checkpoint, texts: list):
+    if TASKS[checkpoint.task].modality == "image":
+        return _image_outputs(checkpoint, texts)
     pooling = checkpoint.pooling or {}
     if checkpoint.task == "feature-extraction" and (pooling.get("normalize") or pooling.get("dense")):
         model = sentence_transformer(checkpoint)

@@ -25,8 +25,14 @@ def verdict_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# The accuracy columns of the candidate table: encoders by cosine, decoders by their teacher-forced gate.
-_ACCURACY_COLUMNS = (("cosine_min", "cos min"), ("teacher_top1_agreement", "top1"), ("perplexity_ratio", "ppl x"))
+# The accuracy columns of the candidate table: embeddings by cosine, classifiers by label agreement, decoders by
+# their teacher-forced gate.
+_ACCURACY_COLUMNS = (
+    ("cosine_min", "cos min"),
+    ("top1_agreement", "labels"),
+    ("teacher_top1_agreement", "top1"),
+    ("perplexity_ratio", "ppl x"),
+)
 
 
 def candidate_table(search: dict) -> str:
@@ -48,7 +54,7 @@ def candidate_table(search: dict) -> str:
             wide = row.get("wide_layers")
             mark += f"  (bisected: {'no' if wide is None else wide} {row['bisect_layers']} layers at 8 bits pass)"
         if (row.get("held_out") or {}).get("status") == "missed":
-            mark += f"  (missed on held-out text: {'; '.join(row['held_out']['missed'])})"
+            mark += f"  (missed on held-out data: {'; '.join(row['held_out']['missed'])})"
         lines.append(f"    {row['name']:<{width}} {row['status']:<8} {scores} {times}{mark}")
     return "\n".join(lines)
 
@@ -106,7 +112,7 @@ def _summary(info: dict) -> str:
         ]
     rows = validation.get("verdict") or []
     if rows:
-        lines += ["", "validation on held-out text:", verdict_table(rows)]
+        lines += ["", "validation on held-out data:", verdict_table(rows)]
     return "\n".join(lines)
 
 
@@ -164,7 +170,7 @@ def build_summary(manifest, spec, host_class: str) -> str:
         lines.append(f"engine pending: {engine['reason']}; every other stage is published")
     lines += _small_calibration(manifest)
     validation = manifest.stage("validate").metrics
-    lines += ["validation against PyTorch on held-out text:", verdict_table(validation["verdict"])]
+    lines += ["validation against PyTorch on held-out data:", verdict_table(validation["verdict"])]
     if "int8_qdq" in validation:
         lines.append(f"validation of model.int8.onnx: {_scores(validation['int8_qdq'])}")
     lines += _generation_speed(validation)

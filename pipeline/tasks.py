@@ -20,6 +20,7 @@ class Task:
     family: str  # the architecture family that can serve it: "encoder" | "decoder"
     per_token: bool = False
     labelled: bool = False
+    modality: str = "text"  # what the model takes: "text" (a tokenizer) or "image" (an image processor)
 
 
 TASKS = {
@@ -48,12 +49,24 @@ TASKS = {
         # Extractive QA: start and end logits stacked as [batch, sequence, 2].
         Task("question-answering", "AutoModelForQuestionAnswering", "span_logits", "span", "encoder", per_token=True),
         Task("text-generation", "AutoModelForCausalLM", "logits", "generation", "decoder"),
+        # Image encoders: the embedding is the first token's final hidden state (ViT's and DINOv2's CLS token).
+        Task("image-feature-extraction", "AutoModel", "image_embedding", "embedding", "encoder", modality="image"),
+        Task(
+            "image-classification",
+            "AutoModelForImageClassification",
+            "logits",
+            "classification",
+            "encoder",
+            labelled=True,
+            modality="image",
+        ),
     )
 }
 
 # config.json `architectures` suffixes that imply a task when the user names none. A masked-LM head is an
 # embedding model where a sentence-transformers modules.json says so (all-mpnet-base-v2 names MPNetForMaskedLM).
 TASK_FROM_HEAD = {
+    "ForImageClassification": "image-classification",
     "ForSequenceClassification": "sequence-classification",
     "ForTokenClassification": "token-classification",
     "ForMaskedLM": "fill-mask",
@@ -63,4 +76,4 @@ TASK_FROM_HEAD = {
 }
 
 # The task of a checkpoint that names no head: what its family is built for.
-DEFAULT_TASK = {"encoder": "feature-extraction", "decoder": "text-generation"}
+DEFAULT_TASK = {"encoder": "feature-extraction", "decoder": "text-generation", "image": "image-feature-extraction"}

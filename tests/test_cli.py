@@ -110,7 +110,7 @@ def test_cli_build_then_inspect(tiny_bert, texts_file, calibration_file, tmp_pat
     assert json.loads(shown.stdout)["verified"] is True
     summary = _cli("inspect", folder)
     assert summary.returncode == 0 and "tiny-bert v1 for cpu-avx2-dynamic: feature-extraction" in summary.stdout
-    assert "every sha256 verified" in summary.stdout and "validation on held-out text:" in summary.stdout
+    assert "every sha256 verified" in summary.stdout and "validation on held-out data:" in summary.stdout
     assert "cosine_min" in summary.stdout and "PASS" in summary.stdout and '"files"' not in summary.stdout
 
 

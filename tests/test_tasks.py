@@ -80,14 +80,35 @@ TESTED_TASKS = (
 )
 
 
+# Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32.
+TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2")
+TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification")
+
+
 def test_every_table_row_has_a_test():
-    assert set(TESTED_ENCODERS) | set(TESTED_DECODERS) == set(ARCHITECTURES)
+    assert set(TESTED_ENCODERS) | set(TESTED_DECODERS) | set(TESTED_IMAGE_ENCODERS) == set(ARCHITECTURES)
     decoders = {a for a in ARCHITECTURES if ARCHITECTURES[a].family == "decoder"}
     assert decoders == set(TESTED_DECODERS) == set(DECODERS) - set(GENERIC)
     assert not set(GENERIC) & set(ARCHITECTURES)
-    assert set(TESTED_TASKS) == set(TASKS)
+    assert set(TESTED_TASKS) | set(TESTED_IMAGE_TASKS) == set(TASKS)
     # The runtime's manifest schema lists the tasks apart (it imports nothing of the build): the two agree.
     assert set(artifact_schema.TASKS) == set(TASKS)
+
+
+def test_a_deit_image_classifier_builds_at_fp32_and_equals_pytorch(tmp_path):
+    from PIL import Image
+
+    from .tiny import make_image_model
+
+    folder = make_image_model(tmp_path / "tiny-deit", "deit", "image-classification")
+    manifest = build(folder, "cpu-fp32", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")
+    picture = np.random.default_rng(1).integers(0, 256, size=(50, 70, 3), dtype=np.uint8)
+    got = load(manifest.published["path"]).run([picture])
+    processor = transformers.AutoImageProcessor.from_pretrained(folder, use_fast=False)
+    model = transformers.AutoModelForImageClassification.from_pretrained(folder).eval()
+    with torch.inference_mode():
+        expected = model(**processor(images=[Image.fromarray(picture)], return_tensors="pt")).logits.numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
 @pytest.mark.parametrize("model_type", GENERIC)

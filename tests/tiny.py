@@ -89,6 +89,63 @@ def make_checkpoint(folder: Path, model_type: str = "bert", task: str = "feature
     return folder
 
 
+# Tiny image encoders: 32x32 pictures in patches of 8, with the processor settings of the family's real checkpoints
+# (ViT's and DeiT's resize to the model's size; DINOv2's BiT processor resizes the shortest edge, then crops).
+IMAGE_ENCODERS = {
+    "vit": ({"patch_size": 8}, {"image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32}}),
+    "deit": (
+        {"patch_size": 8},
+        {
+            "image_processor_type": "DeiTImageProcessor",
+            "size": {"height": 40, "width": 40},
+            "crop_size": {"height": 32, "width": 32},
+            "resample": 3,
+        },
+    ),
+    "dinov2": (
+        {"patch_size": 8},
+        {
+            "image_processor_type": "BitImageProcessor",
+            "size": {"shortest_edge": 40},
+            "crop_size": {"height": 32, "width": 32},
+            "do_center_crop": True,
+            "resample": 3,
+            "image_mean": [0.485, 0.456, 0.406],
+            "image_std": [0.229, 0.224, 0.225],
+        },
+    ),
+}
+IMAGE_LABELS = {0: "tabby", 1: "rocket", 2: "coffee mug", 3: "astronaut", 4: "motorcycle", 5: "texture"}
+
+
+def make_image_model(folder: Path, model_type: str = "vit", task: str = "image-feature-extraction", seed: int = 0):
+    """Save a tiny random image model of `model_type` for `task` (six labels for a classifier) and its image
+    processor's preprocessor_config.json into `folder`."""
+    import json
+
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model_config, processor = IMAGE_ENCODERS[model_type]
+    shape = {"image_size": 32, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = transformers.AutoConfig.for_model(model_type, **shape, intermediate_size=64, **model_config)
+    if task == "image-classification":
+        config.num_labels = len(IMAGE_LABELS)
+        config.id2label, config.label2id = IMAGE_LABELS, {v: k for k, v in IMAGE_LABELS.items()}
+        # transformers picks among a family's several classifier classes (DeiT's) by the config's architectures.
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as HEADS
+
+        names = HEADS[model_type]
+        config.architectures = [names[0] if isinstance(names, tuple) else names]
+        model = transformers.AutoModelForImageClassification.from_config(config)
+    else:
+        model = transformers.AutoModel.from_config(config)
+    model.eval().save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
+    return folder
+
+
 def make_sentence_transformer(
     folder: Path, dense: tuple[tuple[int, str], ...] = ((16, "Tanh"),), normalize: bool = True, seed: int = 0
 ) -> Path:

@@ -42,6 +42,10 @@ class Architecture:
     position_offset: int = 0
     generic: bool = False
     attention_fusion: str | None = None
+    modality: str = "text"  # "text" or "image": what the model takes, and so what prepares its input
+    # An image embedding: the model's pooler output ("pooler"), or the first token's final hidden state ("cls")
+    # where the pooler is a freshly initialised dense layer in most checkpoints (ViT's).
+    image_embedding: str = "pooler"
 
     def why_not_fused(self, model) -> str | None:
         """Why the model's attention stays decomposed, or None when it becomes GroupQueryAttention."""
@@ -57,9 +61,10 @@ class Architecture:
 def _registry() -> dict[str, Architecture]:
     from pipeline.architectures.decoders import DECODERS
     from pipeline.architectures.encoders import ENCODERS
+    from pipeline.architectures.images import IMAGE_ENCODERS
 
     table: dict[str, Architecture] = {}
-    for record in ENCODERS + DECODERS:
+    for record in ENCODERS + DECODERS + IMAGE_ENCODERS:
         if record.model_type in table:
             raise ValueError(f"architecture {record.model_type} is registered twice")
         table[record.model_type] = record
@@ -125,21 +130,27 @@ _MODALITIES = (
         "a speech model: it needs a feature extractor (preprocessor_config.json) and audio input",
     ),
     (
-        ("IMAGE", "IMAGE_CLASSIFICATION", "ZERO_SHOT_IMAGE_CLASSIFICATION"),
-        "an image model: it needs an image processor (preprocessor_config.json) and image input",
+        ("ZERO_SHOT_IMAGE_CLASSIFICATION",),
+        "a two-tower image-text model (CLIP, SigLIP): it needs an image processor and a tokenizer",
     ),
     (("SEQ_TO_SEQ_CAUSAL_LM",), "an encoder-decoder text-to-text model (translation, summarization)"),
 )
+# Single-tower image families: built as image encoders where the exporter knows them (generic records).
+_IMAGE_TABLES = ("IMAGE", "IMAGE_CLASSIFICATION")
+
+
+def _in_tables(model_type: str, tables: tuple) -> bool:
+    from transformers.models.auto import modeling_auto
+
+    return any(model_type in getattr(modeling_auto, f"MODEL_FOR_{t}_MAPPING_NAMES", {}) for t in tables)
 
 
 def modality_problem(model_type: str) -> str | None:
-    """What kind of model `model_type` is where it is not a text encoder or decoder this pipeline builds, else
-    None (transformers' own task tables say which)."""
-    from transformers.models.auto import modeling_auto
-
+    """What kind of model `model_type` is where it is a speech, two-tower or text-to-text model this pipeline
+    does not build yet, else None (transformers' own task tables say which)."""
     for tables, what in _MODALITIES:
-        if any(model_type in getattr(modeling_auto, f"MODEL_FOR_{t}_MAPPING_NAMES", {}) for t in tables):
-            return f"{what}; this pipeline builds text encoders and decoders only so far"
+        if _in_tables(model_type, tables):
+            return f"{what}; this pipeline builds text encoders, decoders and image encoders so far"
     return None
 
 
@@ -157,6 +168,12 @@ def architecture_for(config: dict, folder="") -> Architecture:
     modality = modality_problem(model_type) if defaults is not None else None
     if modality:
         problem = modality
+    elif defaults is not None and _in_tables(model_type, _IMAGE_TABLES):
+        if _exporter_supports(model_type, "image-feature-extraction") or _exporter_supports(
+            model_type, "image-classification"
+        ):
+            return Architecture(model_type, "encoder", generic=True, modality="image")
+        problem = "an image model optimum-onnx's exporter does not know"
     elif defaults is None:
         problem = "transformers has no such model type: a custom architecture, whose code this pipeline never runs"
     elif config.get("is_encoder_decoder", defaults.is_encoder_decoder):

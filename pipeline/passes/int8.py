@@ -62,7 +62,7 @@ def calibration_reader(model, texts: list[str], batch_size: int):
     from onnxruntime.quantization import CalibrationDataReader
 
     encodings = model.encode(texts)
-    width = max(len(e.ids) for e in encodings)
+    width = max(model.inputs.lengths(encodings))
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -80,6 +80,8 @@ def calibration_reader(model, texts: list[str], batch_size: int):
             if index is None:
                 return None
             feeds = model.feeds(self.batches[index], buckets=False)  # padded to `width` below, not to a bucket
+            if "input_ids" not in feeds:  # pictures come in one shape
+                return feeds
             pad = width - feeds["input_ids"].shape[1]
             pad_ids = {"input_ids": int(model.spec["pad_id"])}
             return {k: np.pad(v, ((0, 0), (0, pad)), constant_values=pad_ids.get(k, 0)) for k, v in feeds.items()}

@@ -39,11 +39,11 @@ def activation_absmax(source: Path, nodes: list, model, texts: list[str], batch_
     ranges: dict[str, np.ndarray] = {}
     for start in progress(range(0, len(encodings), batch_size), "calibration: activation ranges"):
         feeds = model.feeds(encodings[start : start + batch_size])
-        mask = feeds["attention_mask"].astype(bool)
+        mask = feeds["attention_mask"].astype(bool) if "attention_mask" in feeds else None  # pictures: no padding
         for name, value in zip(names, session.run(names, feeds), strict=True):
             # Padding is left out where the activation has the mask's [batch, sequence] shape (a decoder's LM head
             # sees the last position only).
-            value = np.abs(value[mask] if value.shape[:2] == mask.shape else value)
+            value = np.abs(value[mask] if mask is not None and value.shape[:2] == mask.shape else value)
             peak = value.reshape(-1, value.shape[-1]).max(0)
             ranges[name] = np.maximum(ranges.get(name, 0.0), peak)
     return ranges

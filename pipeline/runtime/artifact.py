@@ -16,6 +16,8 @@ from pipeline.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
+TOKENIZER_NAME = "tokenizer.json"
+IMAGE_PROCESSOR = "preprocessor_config.json"  # an image model's, in place of a tokenizer
 DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
 MANIFEST_SCHEMA = 2
 _MANIFEST_FIELDS = {
@@ -38,6 +40,8 @@ TASKS = (
     "fill-mask",
     "question-answering",
     "text-generation",
+    "image-feature-extraction",
+    "image-classification",
 )
 # What `pipeline inspect` reads beside the loader's fields, where present: absent or of this kind.
 _OPTIONAL_FIELDS = {
@@ -82,6 +86,11 @@ _SETTINGS = {
     ("host", "kernel_class"): (lambda v: isinstance(v, str), "a string"),
     ("model", "task"): (lambda v: v in TASKS, "one of " + ", ".join(TASKS)),
     ("model", "overlong"): (lambda v: v in ("truncate", "refuse"), "truncate or refuse"),
+    ("model", "preprocessor"): (
+        lambda v: v in (TOKENIZER_NAME, IMAGE_PROCESSOR),
+        f"{TOKENIZER_NAME} or {IMAGE_PROCESSOR}",
+    ),
+    ("model", "modality"): (lambda v: v in ("text", "image"), "text or image"),
     ("model", "max_length"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "batch_size"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "inputs"): (_strings, "a list of strings"),
@@ -198,8 +207,9 @@ def verify_artifact(path: Path) -> dict:
     for name, expected in sorted(files.items()):  # first: the names below go into paths and messages
         if not isinstance(expected, str) or not _FILE_NAME.fullmatch(name):
             raise ArtifactError(f"{manifest_path} lists {name!r}, which is not a plain file name; rebuild it")
-    if manifest["graph"] not in files or "tokenizer.json" not in files:
-        raise ArtifactError(f"{manifest_path} does not list its graph {manifest['graph']!r} and tokenizer.json")
+    preprocessor = manifest["model"].get("preprocessor", TOKENIZER_NAME)
+    if manifest["graph"] not in files or preprocessor not in files:
+        raise ArtifactError(f"{manifest_path} does not list its graph {manifest['graph']!r} and {preprocessor}")
     present = {p.name for p in root.iterdir()} - {MANIFEST_NAME}
     for name in sorted(files):
         graph = name.removesuffix(DATA_SUFFIX)

@@ -1,6 +1,7 @@
-"""The runtime for encoder artifacts: text in, arrays out (embeddings, sequence and token classification, masked-LM
-logits, question-answering start/end logits), and the task's own entry points: `fill_mask` (top tokens at each
-mask) and `answer` (the best span of a context, as text)."""
+"""The runtime for encoder artifacts: text or pictures in, arrays out (embeddings, sequence and token classification,
+masked-LM logits, question-answering start/end logits, image embeddings and labels), and the task's own entry
+points: `fill_mask` (top tokens at each mask), `answer` (the best span of a context, as text), `embed_images` and
+`classify_images`."""
 
 from __future__ import annotations
 
@@ -119,6 +120,10 @@ class EncoderInputs:
                 )
         return encodings
 
+    @staticmethod
+    def lengths(encodings) -> list[int]:
+        return [len(e.ids) for e in encodings]
+
     def feeds(self, encodings, buckets: bool = True) -> dict:
         """Padded numpy inputs for a list of encodings, keyed by the graph's input names: padded to the spec's
         shape bucket for the longest encoding (`padded_width`), or to the longest itself with `buckets=False` or
@@ -140,6 +145,37 @@ class EncoderInputs:
         return {name: arrays[name] for name in self.input_names}
 
 
+class ImageInputs:
+    """Pictures to an image graph's `pixel_values`, prepared as the checkpoint's image processor prepares them
+    (pipeline.runtime.images, from the artifact's preprocessor_config.json)."""
+
+    def __init__(self, path: Path, spec: dict):
+        import json
+
+        from pipeline.runtime.images import ImageSpec
+
+        try:
+            self.image = ImageSpec.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, RecursionError) as err:
+            raise ArtifactError(f"cannot read the image processor settings {path} ({err}); rebuild it") from None
+        self.spec = spec
+
+    def encode(self, images) -> list:
+        """Each picture (a path, file bytes, a uint8 array or a Pillow image) as its [3, H, W] pixel values."""
+        from pipeline.runtime.images import pixel_values
+
+        return list(pixel_values(images, self.image))
+
+    @staticmethod
+    def lengths(encodings) -> list[int]:
+        return [1] * len(encodings)
+
+    def feeds(self, encodings, buckets: bool = True) -> dict:
+        import numpy as np
+
+        return {"pixel_values": np.stack(encodings)}
+
+
 class Model:
     """A loaded encoder: a tokenizer and a session of one backend (ONNX Runtime, OpenVINO or TensorRT), with the
     task's input and output handling. `streams`, a pipeline.runtime.streams.StreamPool, runs the chunks of a batch
@@ -157,8 +193,12 @@ class Model:
         self.backend = backend
         self.streams = streams
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.inputs = EncoderInputs(tokenizer_path, spec, self.input_names)
-        self.tokenizer = self.inputs.tokenizer
+        self.modality = spec.get("modality", "text")
+        if self.modality == "image":
+            self.inputs = ImageInputs(tokenizer_path, spec)
+        else:
+            self.inputs = EncoderInputs(tokenizer_path, spec, self.input_names)
+        self.tokenizer = getattr(self.inputs, "tokenizer", None)
         if self.task == "question-answering":
             import threading
 
@@ -195,7 +235,28 @@ class Model:
         A `batch_size` above a TensorRT engine's profile runs in batches of the profile's largest.
         """
         batch_size = check_batch_size(batch_size, "run()") or self.batch_size
+        if self.modality == "image":  # pictures are decoded a batch at a time: their pixels are large
+            if not isinstance(texts, list | tuple) or not texts:
+                self.encode(texts)  # the one-line refusal of what is not a list of pictures
+            chunks = [list(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)]
+            return self._np.concatenate([self._outputs(self.encode(c), batch_size, bucketing) for c in chunks])
         return self._outputs(self.encode(texts), batch_size, bucketing, shape_buckets=shape_buckets)
+
+    def embed_images(self, images, batch_size: int | None = None):
+        """An image-feature-extraction artifact's embeddings [n, dim] of a list of pictures (paths, file bytes,
+        uint8 arrays or Pillow images)."""
+        self._check_task("image-feature-extraction", "embed_images()")
+        return self.run(images, batch_size)
+
+    def classify_images(self, images, top_k: int = 5, batch_size: int | None = None) -> list:
+        """An image-classification artifact's `top_k` most probable labels of each picture, as Prediction(label,
+        score) lists, most probable first."""
+        from pipeline.runtime.images import top_k as best
+
+        self._check_task("image-classification", "classify_images()")
+        labels = self.spec.get("labels") or {}
+        names = [labels.get(str(i), str(i)) for i in range(len(labels))]
+        return best(self.run(images, batch_size), top_k, names)
 
     def _batch_limit(self, batch_size: int) -> int:
         """`batch_size`, at most the session's largest batch where it has one (a TensorRT engine's profile)."""
@@ -208,7 +269,7 @@ class Model:
         np = self._np
         per_token = self.task in ("token-classification", "fill-mask", "question-answering")
         results: list = [None] * len(encodings)
-        lengths = [len(e.ids) for e in encodings]
+        lengths = self.inputs.lengths(encodings)
 
         def run(session, chunk: list[int]):
             feeds = self.feeds([encodings[i] for i in chunk], shape_buckets)

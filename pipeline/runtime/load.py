@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError
-from pipeline.runtime.artifact import artifact_graphs, verify_artifact
+from pipeline.runtime.artifact import TOKENIZER_NAME, artifact_graphs, verify_artifact
 from pipeline.runtime.host import check_host, usable_cores
 
 BACKENDS = ("auto", "onnxruntime", "openvino", "tensorrt")
@@ -143,7 +143,8 @@ def load(
     if built_for == "tensorrt" and backend != "onnxruntime" and providers is None:
         engine, providers = _gpu_backend(real, manifest, graph, backend, build_engine)
     runs_on = "openvino" if built_for == "openvino" else "onnxruntime"
-    return open_model(real / graph, real / "tokenizer.json", manifest["model"], providers, session, engine, runs_on)
+    preprocessor = real / manifest["model"].get("preprocessor", TOKENIZER_NAME)
+    return open_model(real / graph, preprocessor, manifest["model"], providers, session, engine, runs_on)
 
 
 def _gpu_backend(root: Path, manifest: dict, graph: str, backend: str, build_engine):

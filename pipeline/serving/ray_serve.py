@@ -252,6 +252,11 @@ def deploy(
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
     }
     manifest = verify_artifact(artifact)
+    if manifest["model"].get("modality", "text") != "text":  # its run() reads file paths: never a client's
+        raise ServingError(
+            f"pipeline serve takes text artifacts so far; {artifact} is {manifest['model']['task']}, whose requests "
+            "would carry pictures; run it in process with pipeline.runtime.load"
+        )
     if address:
         check_reachable(address)
     else:

@@ -233,6 +233,11 @@ def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_
 def check_kind(manifest: dict, variants: tuple[str, ...]) -> None:
     """Refuse, in one line, an artifact kind or variant this export does not take."""
     task = manifest["model"]["task"]
+    if manifest["model"].get("modality", "text") != "text":
+        raise ServingError(
+            f"Triton export takes text artifacts so far; this one is {task}, whose requests would carry pictures; "
+            "run it in process with pipeline.runtime.load"
+        )
     if task not in (*ENCODER_OUTPUTS, "text-generation"):
         raise ServingError(
             f"Triton export takes feature-extraction, sequence-classification and text-generation artifacts; this "

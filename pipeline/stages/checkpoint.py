@@ -12,9 +12,10 @@ from pathlib import Path
 from pipeline.architectures import architecture_for, remote_code_problem
 from pipeline.config_sizes import check_sizes
 from pipeline.confinement import check_confined
-from pipeline.errors import InputError
+from pipeline.errors import InputError, PipelineError
 from pipeline.manifest import Checkpoint, Manifest, StageRecord
-from pipeline.runtime.artifact import sha256_file
+from pipeline.runtime.artifact import IMAGE_PROCESSOR, sha256_file
+from pipeline.runtime.images import ImageSpec
 from pipeline.targets import Target
 from pipeline.tasks import DEFAULT_TASK, TASK_FROM_HEAD, TASKS
 from pipeline.tokenizer_patterns import check_tokenizer_patterns
@@ -263,6 +264,47 @@ def _rope_switch(config: dict, folder: Path) -> int:
     )
 
 
+def _check_input_files(folder: Path, modality: str) -> None:
+    """The files that turn input into the graph's tensors: a tokenizer for text, an image processor for images."""
+    if modality == "image":
+        path = folder / IMAGE_PROCESSOR
+        if not path.is_file():
+            raise InputError(
+                f"{folder} is an image model and needs an image processor ({IMAGE_PROCESSOR}); save it with "
+                "the checkpoint (AutoImageProcessor.from_pretrained(...).save_pretrained(folder))"
+            )
+        try:
+            ImageSpec.from_config(_json(path))
+        except PipelineError as err:
+            raise InputError(f"{path}: {err}") from None
+        return
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
+    if (folder / "tokenizer.json").is_file():
+        check_tokenizer_patterns(_json(folder / "tokenizer.json"), folder / "tokenizer.json")
+
+
+def _kind(thing) -> str:  # a task's or an architecture's family, with its modality where not text
+    return thing.family if thing.modality == "text" else f"{thing.modality} {thing.family}"
+
+
+def _task(asked: str | None, arch, folder: Path) -> str:
+    """The task to build: the one asked for (or the head's), else the family's default; it must fit the family
+    and what the model takes."""
+    default = DEFAULT_TASK["image" if arch.modality == "image" else arch.family]
+    task = asked or default
+    if task not in TASKS:
+        raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
+    if (TASKS[task].family, TASKS[task].modality) != (arch.family, arch.modality):
+        fitting = ", ".join(n for n, t in TASKS.items() if (t.family, t.modality) == (arch.family, arch.modality))
+        raise InputError(
+            f"{folder}: task {task!r} is for {_kind(TASKS[task])} models, and {arch.model_type} is of the "
+            f"{_kind(arch)} family, whose tasks are: {fitting}. Pass one of those with --task, or a checkpoint of "
+            "another architecture."
+        )
+    return task
+
+
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Check the checkpoint folder and record its digest, architecture, task and pooling."""
     started = time.perf_counter()
@@ -284,21 +326,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     model_type = arch.model_type
     if not any((folder / name).exists() for name in WEIGHT_FILES):
         raise InputError(f"{folder} has no weights (none of {', '.join(WEIGHT_FILES)}); copy them into the folder")
-    if not any((folder / name).exists() for name in TOKENIZER_FILES):
-        raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
-    if (folder / "tokenizer.json").is_file():
-        check_tokenizer_patterns(_json(folder / "tokenizer.json"), folder / "tokenizer.json")
-    pooling = _pooling(folder)
-    task = manifest.task_override or _task_from_head(config, pooling) or DEFAULT_TASK[arch.family]
-    if task not in TASKS:
-        raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
-    family = arch.family
-    if TASKS[task].family != family:
-        fitting = ", ".join(name for name, t in TASKS.items() if t.family == family)
-        raise InputError(
-            f"{folder}: task {task!r} is for {TASKS[task].family} models, and {model_type} is of the {family} family, "
-            f"whose tasks are: {fitting}. Pass one of those with --task, or a checkpoint of another architecture."
-        )
+    _check_input_files(folder, arch.modality)
+    pooling = _pooling(folder) if arch.modality == "text" else None
+    task = _task(manifest.task_override or _task_from_head(config, pooling), arch, folder)
     check_sizes(folder, TASKS[task].auto_class)
     if task == "feature-extraction" and pooling is None:
         pooling = {"mode": "mean", "normalize": False}
@@ -309,7 +339,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         task=task,
         config=config,
         pooling=pooling if task == "feature-extraction" else None,
-        max_length=_max_length(folder, config, arch.position_offset, target),
+        max_length=_max_length(folder, config, arch.position_offset, target) if arch.modality == "text" else 1,
     )
     record = StageRecord(
         name="checkpoint",

@@ -29,6 +29,7 @@ from pipeline.cache import StageSpec, run_cached
 from pipeline.chat_template import chat_template_spec
 from pipeline.console import silenced
 from pipeline.errors import ExportError, PipelineError
+from pipeline.image_export import export_image_model
 from pipeline.manifest import Checkpoint, Manifest
 from pipeline.memory import release_freed
 from pipeline.onnx_files import load_graph, save_graph
@@ -279,6 +280,8 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     try:
         if arch.family == "decoder":
             return _export_decoder(checkpoint, arch, out)
+        if arch.modality == "image":
+            return export_image_model(checkpoint, out)
         return _export_encoder(checkpoint, out)
     except (PipelineError, MemoryError):
         raise

@@ -48,7 +48,7 @@ from pipeline.targets import Target
 from pipeline.tasks import TASKS
 from pipeline.timing import NO_SPINNING, latency
 
-VERSION = 8  # 8: a small development split is filled up from the repository's text
+VERSION = 9  # 9: image encoders (no padding mask to leave out of the ranges)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +115,11 @@ def development_split(texts: list, manifest: Manifest | None = None, target: Tar
     else:
         calibration = [t for i, t in enumerate(texts) if i % 4 != 3]
         development = [t for i, t in enumerate(texts) if i % 4 == 3]
-    if manifest is not None and target is not None and len(development) < MIN_DEVELOPMENT:
+    # Text encoders only: the repository's examples are text, and a decoder's split is its few prompts, each one
+    # generated from (more would multiply the search's time, not sharpen a per-token gate).
+    task = TASKS[manifest.checkpoint.task] if manifest is not None else None
+    text_encoder = task is not None and (task.family, task.modality) == ("encoder", "text")
+    if text_encoder and target is not None and len(development) < MIN_DEVELOPMENT:
         development += _repository_development(manifest, target, texts, MIN_DEVELOPMENT - len(development))
     return calibration, development
 

@@ -46,7 +46,7 @@ from pipeline.targets import Candidate, Target
 from pipeline.tasks import TASKS
 from pipeline.timing import median_range, relative_scores, time_until_stable, token_rows
 
-VERSION = 19  # 19: a small development split is filled up from the repository's text
+VERSION = 20  # 20: image encoders (pixel batches; no padding mask to leave out)
 SEQUENCE = 128
 
 
@@ -105,10 +105,13 @@ def chosen_target(manifest: Manifest, target: Target) -> Target:
 
 
 def _workloads(model, texts: list, batch: int) -> dict:
-    """The feeds of each timed shape: rows of SEQUENCE tokens at batch 1 and `batch`, and a mixed-length batch."""
+    """The feeds of each timed shape: rows of SEQUENCE tokens at batch 1 and `batch`, and a mixed-length batch (an
+    image model's: pictures at batch 1 and `batch`)."""
     length = min(SEQUENCE, model.max_length)
     by_length = sorted(texts, key=len)
     mixed = (by_length * (batch // max(len(by_length), 1) + 1))[:batch]
+    if getattr(model, "modality", "text") == "image":  # pixel batches; the mixed batch decodes its files too
+        return {"batch_1": model.feeds(model.encode(mixed[:1])), f"batch_{batch}": model.feeds(model.encode(mixed))}
     return {
         "batch_1": token_rows(model, texts, 1, length),
         f"batch_{batch}": token_rows(model, texts, batch, length),
@@ -147,6 +150,9 @@ def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
 def screen_shapes(model, texts: list) -> dict:
     """The screen's shapes (pipeline.stages.candidates.Screen): rows of SEQUENCE tokens at batch 1 and 8."""
     length = min(SEQUENCE, model.max_length)
+    if getattr(model, "modality", "text") == "image":
+        rows = (texts * (8 // max(len(texts), 1) + 1))[:8]
+        return {f"batch_{n}": _runner(model.feeds(model.encode(rows[:n])), n) for n in (1, 8)}
     return {f"batch_{n}": _runner(token_rows(model, texts, n, length), n) for n in (1, 8)}
 
 

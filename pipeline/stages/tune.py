@@ -29,6 +29,7 @@ from pipeline.runtime.load import open_model
 from pipeline.runtime.streams import SPLIT_MIN_ROWS
 from pipeline.shape_buckets import bucket_plan, request_stream, token_lengths
 from pipeline.targets import Target
+from pipeline.tasks import TASKS
 from pipeline.timing import alternate, relative_scores
 
 VERSION = 4
@@ -84,15 +85,14 @@ def workloads(texts: list[str], batch: int) -> dict:
 
 
 def _tune(manifest: Manifest, target: Target, config: TuneConfig, texts: list[str]) -> dict:
-    export = manifest.stage("export")
     spec = runtime_spec(manifest, target)
     chosen = manifest.chosen()
     path = manifest.graphs()[chosen["graph"]]
     base = {**dataclasses.asdict(target.runtime), **chosen["session"], "split_min_rows": config.split_min_rows}
     cores = usable_cores()
     tried = candidates(config, target.runtime.intra_op_threads, target.runtime.execution_mode, cores)
-    tokenizer = export.output("tokenizer.json")
-    models = [open_model(path, tokenizer, spec, session={**base, **c}, backend=config.backend) for c in tried]
+    preprocessor = manifest.preprocessor()[1]
+    models = [open_model(path, preprocessor, spec, session={**base, **c}, backend=config.backend) for c in tried]
     if config.generation_batch_sizes is not None:
         # A short greedy generation: one prompt step and DECODE_STEPS - 1 single-token steps.
         def work(model, batch):
@@ -125,7 +125,7 @@ def _tune(manifest: Manifest, target: Target, config: TuneConfig, texts: list[st
     if config.shape_buckets is not None:
         bucketed = {**spec, "shape_buckets": list(config.shape_buckets)}
         session = {**base, **{k: best[k] for k in PLAN}}
-        with_plan = open_model(path, tokenizer, bucketed, session=session, backend=config.backend)
+        with_plan = open_model(path, preprocessor, bucketed, session=session, backend=config.backend)
         models = {"padded": models[tried.index(best)], "bucketed": with_plan}
         record["shape_buckets"] = _bucket_choice(models, texts, config)
         record["best"]["shape_buckets"] = list(config.shape_buckets) if record["shape_buckets"]["chosen"] else None
@@ -175,7 +175,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     texts = read_texts(manifest.validation_path, "validation")
     decoder = manifest.checkpoint.task == "text-generation"
     plan = None
-    if not decoder:
+    if not decoder and TASKS[manifest.checkpoint.task].modality == "text":  # pictures come in one shape
         tokenizer = manifest.stage("export").output("tokenizer.json")
         lengths = token_lengths(tokenizer, read_texts(manifest.calibration_path, "calibration"))
         plan = tuple(bucket_plan(lengths, int(runtime_spec(manifest, target)["max_length"])))

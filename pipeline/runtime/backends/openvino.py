@@ -75,6 +75,11 @@ class _Request:
         return [by_name[name].copy() for name in output_names]
 
 
+def _graph_name(names, fallback: str) -> str:
+    """The name a graph's input was given by its exporter, rather than an inner tensor's (`/model/.../Cast`)."""
+    return next((n for n in sorted(names) if not n.startswith("/")), fallback)
+
+
 class OpenVINOSession:
     """A compiled OpenVINO model with onnxruntime.InferenceSession's `get_inputs`, `get_outputs` and `run`.
 
@@ -102,8 +107,10 @@ class OpenVINOSession:
         return [_Request(self.streamed.create_infer_request()) for _ in range(count)]
 
     def get_inputs(self) -> list:
+        """Each input under its graph input's name: a fused Cast can give it its consumer's name too (an image
+        model's pixel_values), and `get_any_name` may return that one."""
         return [
-            types.SimpleNamespace(name=p.get_any_name(), shape=list(p.get_partial_shape()))
+            types.SimpleNamespace(name=_graph_name(p.get_names(), p.get_any_name()), shape=list(p.get_partial_shape()))
             for p in self.compiled.inputs
         ]
 
