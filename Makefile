@@ -37,7 +37,7 @@ build: $(STAMP)
 # The artifact's name: NAME, else the checkpoint folder's name (as `pipeline build` derives it: lower case, each run of
 # other characters than a-z 0-9 . _ - made one "-"), else the default. Values with spaces are quoted where used.
 # `native` is the target of this host's CPU family, resolved as `pipeline build` resolves it.
-RESOLVED_TARGET = $(if $(filter native,$(TARGET)),$(shell $(BIN)/python -c "from pipeline.runtime.host import kernel_class; from pipeline.targets import native_target; print(native_target(kernel_class()))"),$(TARGET))
+RESOLVED_TARGET = $(if $(filter native,$(TARGET)),$(shell $(BIN)/python -c "from pipeline.runtime.host import kernel_class; from pipeline.build.inputs.targets import native_target; print(native_target(kernel_class()))"),$(TARGET))
 ARTIFACT = artifacts/$(or $(NAME),$(if $(MODEL),$(shell basename "$(MODEL)" | tr A-Z a-z | sed -E 's/[^a-z0-9._-]+/-/g; s/^[-.]+//; s/[-.]+$$//'),all-minilm-l6-v2))/latest/$(RESOLVED_TARGET)
 
 # onnxruntime-genai's models of MODEL, where `make genai-models` made them: the decoder benchmark's peers.

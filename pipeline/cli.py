@@ -8,7 +8,7 @@ import sys
 import click
 
 from pipeline.errors import InputError, PipelineError, QuantizationError, TargetError
-from pipeline.summary import candidate_table, verdict_table
+from pipeline.ops.summary import candidate_table, verdict_table
 
 
 def _usage_line(err: click.UsageError) -> str:
@@ -44,7 +44,7 @@ class _Commands(click.Group):
 @click.option("--verbose", "-v", is_flag=True, help="print each search candidate's and fallback step's figures")
 def main(quiet: bool, verbose: bool) -> None:
     """Export Hugging Face checkpoints to validated, versioned, hardware-targeted artifacts."""
-    from pipeline.console import configure
+    from pipeline.build.console import configure
 
     configure(quiet=quiet, verbose=verbose)
 
@@ -79,9 +79,9 @@ def build(
     model, target, name, task, artifacts_dir, cache_dir, validation, calibration, models_file, target_list, cluster
 ) -> None:
     """Build, validate and publish MODEL for TARGET (or, with --models/--targets/--cluster, a fleet of builds)."""
-    from pipeline.build import build as run_build
-    from pipeline.summary import build_summary
-    from pipeline.targets import load_target
+    from pipeline.build.inputs.targets import load_target
+    from pipeline.build.table import build as run_build
+    from pipeline.ops.summary import build_summary
 
     options = {
         "artifacts_dir": artifacts_dir,
@@ -97,7 +97,7 @@ def build(
     from pipeline.runtime.host import kernel_class
 
     if target == "native":
-        from pipeline.targets import native_target
+        from pipeline.build.inputs.targets import native_target
 
         click.echo(
             f"native: this host's kernel class is {kernel_class()}, so the target is {native_target(kernel_class())}"
@@ -121,8 +121,8 @@ def build(
 def validate(artifact, data) -> None:
     """Re-validate a published ARTIFACT on this host against its PyTorch source checkpoint: PASS or FAIL per
     threshold; the exit code is non-zero when any fails."""
+    from pipeline.build.stages.validate import validate_artifact
     from pipeline.errors import AccuracyError
-    from pipeline.stages.validate import validate_artifact
 
     try:
         stats = validate_artifact(artifact, data)
@@ -139,8 +139,8 @@ def validate(artifact, data) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the verified description as JSON instead")
 def inspect_artifact(artifact, as_json) -> None:
     """Verify ARTIFACT's hashes and print a summary: what it is, the search's table, the gate, size."""
+    from pipeline.ops.summary import summary
     from pipeline.runtime import describe
-    from pipeline.summary import summary
 
     info = describe(artifact)
     click.echo(json.dumps(info, indent=1, sort_keys=True) if as_json else summary(info))
@@ -225,8 +225,8 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
 @click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="labels printed a picture")
 def classify(artifact, images, top_k) -> None:
     """Print the most probable labels of each of IMAGES (files) by an image-classification ARTIFACT."""
+    from pipeline.ops.summary import printable
     from pipeline.runtime import load
-    from pipeline.summary import printable
 
     model = load(artifact)
     if getattr(model, "task", None) != "image-classification":
@@ -287,8 +287,8 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
 @click.option("--data", default=None, help="held-out text to validate the engine on (default: data/validation.txt)")
 def engine(artifact, graphs, data) -> None:
     """Build ARTIFACT's TensorRT engines on this GPU host, into its engine cache, validated against its graphs."""
+    from pipeline.build.stages.engine import build_artifact_engine
     from pipeline.runtime import artifact_graphs, verify_artifact
-    from pipeline.stages.engine import build_artifact_engine
 
     graphs = graphs or artifact_graphs(verify_artifact(artifact))
     for graph in graphs:
@@ -301,7 +301,7 @@ def targets(targets_dir) -> None:
     """List the available targets; a broken file is named on stderr and the rest are still listed."""
     from pathlib import Path
 
-    from pipeline.targets import TARGETS_DIR, available_targets, load_target
+    from pipeline.build.inputs.targets import TARGETS_DIR, available_targets, load_target
 
     folder = Path(targets_dir) if targets_dir else TARGETS_DIR
     if not folder.is_dir():
@@ -349,7 +349,7 @@ def _check_build_options(given: dict) -> None:
 
 
 def _fleet(model, target, models_file, target_list, cluster, options: dict) -> None:
-    from pipeline.fleet import fleet, fleet_table, read_models
+    from pipeline.ops.fleet import fleet, fleet_table, read_models
 
     models = read_models(models_file) if models_file else [model] if model else []
     if not models:
@@ -371,7 +371,7 @@ def host(ray_resources, head) -> None:
     from pipeline.runtime.host import cpu_model, kernel_class
 
     if ray_resources:
-        from pipeline.fleet import AUTH_NOTE, ray_start_line
+        from pipeline.ops.fleet import AUTH_NOTE, ray_start_line
 
         line = ray_start_line(head)
         click.echo(AUTH_NOTE)
@@ -385,12 +385,12 @@ def host(ray_resources, head) -> None:
 @click.option("--target", default="native", show_default=True, help="target name, .toml path, or native")
 def check_model(model, target) -> None:
     """Say in seconds what building MODEL for TARGET would do (task, family, passes, candidates), building nothing."""
-    from pipeline.check import check
-    from pipeline.summary import check_summary
+    from pipeline.ops.check import check
+    from pipeline.ops.summary import check_summary
 
     if target == "native":
+        from pipeline.build.inputs.targets import native_target
         from pipeline.runtime.host import kernel_class
-        from pipeline.targets import native_target
 
         target = native_target(kernel_class())
     click.echo(check_summary(check(model, target)))
@@ -417,9 +417,9 @@ def gc(artifacts_dir, cache_dir, keep, min_age, dry_run, force) -> None:
     """Remove stage-cache entries no published version references, and with --keep old versions; never what a
     `latest` link points to, what a running build holds, anything through a symlink, or a folder gc cannot prove
     is a cache entry. With --verbose, also print what was kept and why."""
-    from pipeline.build import REPO
-    from pipeline.console import note
-    from pipeline.gc import collect, describe
+    from pipeline.build.console import note
+    from pipeline.build.table import REPO
+    from pipeline.ops.gc import collect, describe
 
     _check_build_options({"artifacts_dir": artifacts_dir, "cache_dir": cache_dir})
     artifacts = artifacts_dir or REPO / "artifacts"

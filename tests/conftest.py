@@ -51,7 +51,7 @@ def _publish(
 ) -> Path:
     """Build `checkpoint` for `target` into `root`/artifacts (stage cache in `root`/cache), calibrated on
     other text than it is validated on; the artifact's path."""
-    from pipeline.build import build
+    from pipeline.build.table import build
 
     manifest = build(
         checkpoint,

@@ -88,7 +88,7 @@ def main(spec_path: str, result_path: str) -> None:
     try:
         _start(spec["head_resource"], head=True)
         _start(spec["worker_resource"], head=False)
-        from pipeline.fleet import fleet
+        from pipeline.ops.fleet import fleet
 
         restarted = {}
         if spec.get("kill_worker"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.build import build
+from pipeline.build.table import build
 from pipeline.errors import AccuracyError, ArtifactError, InputError, TargetError
 from pipeline.runtime import load
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import build as build_table
-from pipeline import cache
-from pipeline.build import build
-from pipeline.cache import StageSpec, runtime_code_digest
+from pipeline.build import cache
+from pipeline.build import table as build_table
+from pipeline.build.cache import StageSpec, runtime_code_digest
+from pipeline.build.stages import engine, export, fp16, optimize, validate
+from pipeline.build.table import build
 from pipeline.errors import CacheError, PipelineError
 from pipeline.runtime.host import KERNEL_CLASSES
-from pipeline.stages import engine, export, fp16, optimize, validate
 
 from .conftest import write_target
 
@@ -165,7 +165,7 @@ def test_a_damaged_entry_is_replaced_and_leaves_no_record_less_folder_or_scratch
 
 
 def test_a_symlink_planted_as_a_lease_file_is_a_one_line_cache_error(tmp_path):
-    from pipeline.store import cache_entry, lease_path
+    from pipeline.build.store import cache_entry, lease_path
 
     spec = optimize.STAGE
     key = spec.key(_sample(spec), {})

@@ -4,7 +4,7 @@ renders it as transformers does."""
 import pytest
 import transformers
 
-from pipeline.chat_template import chat_template_spec
+from pipeline.build.inputs.chat_template import chat_template_spec
 from pipeline.errors import ExportError
 
 from .chat_templates import GEMMA, SMOLLM2

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pipeline.check import check
 from pipeline.errors import InputError
+from pipeline.ops.check import check
 
 
 def test_check_names_task_family_passes_and_candidates_of_an_encoder(tiny_bert):

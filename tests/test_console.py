@@ -10,7 +10,7 @@ import sys
 import termios
 import warnings
 
-from pipeline.console import silenced
+from pipeline.build.console import silenced
 
 from .conftest import REPO
 

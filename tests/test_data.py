@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.build import build
-from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_held_out, read_texts, texts_digest
+from pipeline.build.inputs.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, check_held_out, read_texts, texts_digest
+from pipeline.build.table import build
 from pipeline.errors import InputError
 
 from .conftest import CALIBRATION_TEXTS, SMALL_TEXTS

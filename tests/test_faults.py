@@ -140,7 +140,7 @@ def test_build_on_full_disk_fails_cleanly(tiny_bert, texts_file, tmp_path):
 
 
 def test_read_texts_refuses_huge_file(tmp_path):
-    from pipeline.data import MAX_BYTES, read_texts
+    from pipeline.build.inputs.data import MAX_BYTES, read_texts
     from pipeline.errors import InputError
 
     huge = tmp_path / "huge.txt"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.inputs.targets.choices import KERNEL_CLASSES
 from pipeline.errors import InputError
-from pipeline.fleet import fleet, host_resources, ray_start_line, read_models, target_resource
+from pipeline.ops.fleet import fleet, host_resources, ray_start_line, read_models, target_resource
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.host import kernel_class
-from pipeline.targets import load_target
-from pipeline.targets.choices import KERNEL_CLASSES
 
 from .conftest import write_target
 

@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.build import build
-from pipeline.cache import StageSpec, _produce
+from pipeline.build.cache import StageSpec, _produce
+from pipeline.build.store import cache_entry, gc_lock, model_lock
+from pipeline.build.table import build
 from pipeline.cli import main
 from pipeline.errors import ArtifactError, CacheError, InputError
-from pipeline.gc import collect, published_folders
+from pipeline.ops.gc import collect, published_folders
 from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest
-from pipeline.store import cache_entry, gc_lock, model_lock
 
 from .conftest import write_target
 

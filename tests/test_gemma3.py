@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from pipeline.build import build
+from pipeline.build.table import build
+from pipeline.build.timing import COST
 from pipeline.runtime import load
-from pipeline.timing import COST
 
 from .conftest import scratch
 from .gemma3 import REPO, make

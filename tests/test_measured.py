@@ -1,5 +1,5 @@
-"""pipeline/measured.py: validation takes the search's held-out measurement of the same graph, on the same texts
-with the same settings, from the same process; anything that could change the result measures again."""
+"""pipeline/build/accuracy/measured.py: validation takes the search's held-out measurement of the same graph, on
+the same texts with the same settings, from the same process; anything that could change the result measures again."""
 
 import dataclasses
 import json
@@ -7,11 +7,11 @@ import json
 import onnx
 import pytest
 
-from pipeline.manifest import Manifest
-from pipeline.measured import measured, measurement_key
-from pipeline.stages import checkpoint, export
-from pipeline.stages.validate import validate_artifact
-from pipeline.targets import load_target
+from pipeline.build.accuracy.measured import measured, measurement_key
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.stages import checkpoint, export
+from pipeline.build.stages.validate import validate_artifact
 
 from .tiny import make_checkpoint
 

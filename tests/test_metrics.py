@@ -4,7 +4,7 @@ narrows with the split's size."""
 import numpy as np
 import pytest
 
-from pipeline.metrics import (
+from pipeline.build.accuracy.metrics import (
     NOT_MEASURED,
     closeness,
     compare,
@@ -15,7 +15,7 @@ from pipeline.metrics import (
     verdict,
     worst,
 )
-from pipeline.targets import Accuracy
+from pipeline.build.inputs.targets import Accuracy
 
 TEACHER_GATE = Accuracy(teacher_top1_agreement=0.9, perplexity_ratio=1.03)
 
@@ -82,7 +82,7 @@ def test_development_gate_adds_its_margin_to_the_headroom():
 
 
 def test_teacher_scores_keep_the_top_token_and_the_true_tokens_log_likelihood():
-    from pipeline.metrics import teacher_scores
+    from pipeline.build.accuracy.metrics import teacher_scores
 
     logits = np.random.default_rng(0).standard_normal((5, 1000)).astype(np.float32) * 4
     tokens = [3, 999, 0, 500, 7]

@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.build import build
-from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.stages.checkpoint import default_checkpoint
+from pipeline.build.table import build
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load
-from pipeline.stages.checkpoint import default_checkpoint
 
 from .conftest import scratch
 

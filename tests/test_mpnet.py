@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.build import build
+from pipeline.build.table import build
 from pipeline.runtime import load
 
 from .mpnet import make
@@ -64,9 +64,9 @@ def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_target
 ):
     from sentence_transformers import SentenceTransformer
 
+    from pipeline.build.inputs.targets import load_target, native_target
+    from pipeline.build.timing import COST
     from pipeline.runtime.host import kernel_class
-    from pipeline.targets import load_target, native_target
-    from pipeline.timing import COST
 
     manifest = build(
         mpnet_checkpoint,

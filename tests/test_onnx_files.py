@@ -6,9 +6,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_files
+from pipeline.build import onnx_files
+from pipeline.build.onnx_files import copy_graph, graph_files, load_graph, move_graph, save_graph, save_if_small
 from pipeline.errors import ExportError
-from pipeline.onnx_files import copy_graph, graph_files, load_graph, move_graph, save_graph, save_if_small
 
 X = np.arange(8, dtype=np.float32).reshape(1, 8)
 
@@ -110,8 +110,8 @@ def test_save_if_small_rewrites_a_graph_that_fits_as_one_file(tmp_path, monkeypa
 
 @pytest.mark.parametrize("fusions", [False, True])
 def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusions):
-    from pipeline.passes.fusions import fused_from_onnx
-    from pipeline.stages.optimize import OptimizeConfig
+    from pipeline.build.passes.fusions import fused_from_onnx
+    from pipeline.build.stages.optimize import OptimizeConfig
 
     save_graph(_graph(), tmp_path / "m.onnx")
     (tmp_path / "out").mkdir()
@@ -124,9 +124,9 @@ def test_optimized_onnx_keeps_the_weights_in_a_data_file(tmp_path, forced, fusio
 
 @pytest.mark.parametrize("target", ["cpu-avx2-dynamic", "cpu-int8-weights"])
 def test_quantized_graph_of_a_data_file_graph_is_one_file_where_it_fits(tmp_path, monkeypatch, target):
-    from pipeline.passes.int8 import quantize_dynamic
-    from pipeline.passes.weight_only import quantize_weight_only
-    from pipeline.targets import load_target
+    from pipeline.build.inputs.targets import load_target
+    from pipeline.build.passes.int8 import quantize_dynamic
+    from pipeline.build.passes.weight_only import quantize_weight_only
 
     monkeypatch.setattr(onnx_files, "SINGLE_FILE_LIMIT", 1)
     save_graph(_graph(), tmp_path / "m.onnx")
@@ -164,7 +164,7 @@ def test_save_graph_consume_writes_a_data_file_when_over_limit(tmp_path, forced)
 
 
 def test_read_array_reads_one_tensor_and_refuses_bytes_past_its_data_file(tmp_path, forced):
-    from pipeline.onnx_files import read_array
+    from pipeline.build.onnx_files import read_array
 
     save_graph(_graph(), tmp_path / "m.onnx")
     model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
@@ -180,7 +180,7 @@ def test_read_array_reads_one_tensor_and_refuses_bytes_past_its_data_file(tmp_pa
 
 
 def test_load_structure_points_a_one_file_graphs_weights_at_their_bytes_in_it(tmp_path):
-    from pipeline.onnx_files import load_external, load_structure, read_array
+    from pipeline.build.onnx_files import load_external, load_structure, read_array
 
     save_graph(_graph(), tmp_path / "m.onnx")
     model = load_structure(tmp_path / "m.onnx")

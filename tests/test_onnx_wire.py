@@ -9,7 +9,7 @@ from .test_onnx_files import _graph  # y = x @ W + b
 
 
 def test_serialized_size_counts_at_least_the_bytes_a_graph_serializes_to_a_part_at_a_time():
-    from pipeline.onnx_wire import serialized_size
+    from pipeline.build.onnx_wire import serialized_size
 
     model = _graph()
     model.graph.initializer.append(helper.make_tensor("listed", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0]))
@@ -36,14 +36,14 @@ def test_serialized_size_counts_at_least_the_bytes_a_graph_serializes_to_a_part_
     ids=["float32", "float16", "int64", "scalar-double", "bool", "uint8", "empty-int8"],
 )
 def test_a_tensors_field_size_from_its_dims_is_its_exact_wire_size(array):
-    from pipeline.onnx_wire import _field_size
+    from pipeline.build.onnx_wire import _field_size
 
     tensor = numpy_helper.from_array(array, "w")
     assert _field_size(tensor) == len(onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor])).SerializeToString())
 
 
 def test_a_tensor_with_more_fields_is_written_and_sized_whole():
-    from pipeline.onnx_wire import _field_size, _tensor_parts
+    from pipeline.build.onnx_wire import _field_size, _tensor_parts
 
     # ONNX Runtime's folded constants carry a doc string; loaded data leaves data_location set.
     tensor = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "folded")
@@ -56,7 +56,7 @@ def test_a_tensor_with_more_fields_is_written_and_sized_whole():
 
 
 def test_a_packed_int4_tensors_field_size_is_its_exact_wire_size():
-    from pipeline.onnx_wire import _field_size
+    from pipeline.build.onnx_wire import _field_size
 
     tensor = onnx.TensorProto(name="q", dims=[5], data_type=TensorProto.INT4, raw_data=bytes(3))
     assert _field_size(tensor) == len(onnx.ModelProto(graph=onnx.GraphProto(initializer=[tensor])).SerializeToString())

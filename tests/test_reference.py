@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from pipeline.build.accuracy.metrics import teacher_scores
+from pipeline.build.accuracy.reference import checkpoint_from_source, dense_layers, pooled_module, pytorch_outputs
+from pipeline.build.accuracy.reference_decoder import _until_eos
+from pipeline.build.manifest import Checkpoint
 from pipeline.errors import InputError
-from pipeline.manifest import Checkpoint
-from pipeline.metrics import teacher_scores
-from pipeline.reference import checkpoint_from_source, dense_layers, pooled_module, pytorch_outputs
-from pipeline.reference_decoder import _until_eos
 
 from .conftest import SMALL_TEXTS
 from .tiny import make_checkpoint
@@ -130,7 +130,7 @@ def test_a_large_vocabulary_tokenizer_loads_without_the_mistral_regex_warning(tm
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.reference import load_hf_tokenizer
+    from pipeline.build.accuracy.reference import load_hf_tokenizer
 
     words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(100_001)} | {"<unk>": 100_001}, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()

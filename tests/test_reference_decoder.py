@@ -2,8 +2,8 @@
 
 import pytest
 
-from pipeline.reference import generation_reference, pytorch_outputs
-from pipeline.reference_decoder import _until_eos
+from pipeline.build.accuracy.reference import generation_reference, pytorch_outputs
+from pipeline.build.accuracy.reference_decoder import _until_eos
 
 from .test_reference import TEXTS, _checkpoint
 
@@ -25,7 +25,7 @@ def test_generation_reference_is_answered_once_and_equals_one_prompt_at_a_time_g
     import torch
     import transformers
 
-    from pipeline import reference_decoder
+    from pipeline.build.accuracy import reference_decoder
 
     checkpoint = _checkpoint(tiny_gpt2, "text-generation")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_gpt2).eval()

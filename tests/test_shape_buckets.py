@@ -5,8 +5,8 @@ import random
 
 import pytest
 
+from pipeline.build.shape_buckets import bucket_plan, request_stream
 from pipeline.runtime.encoder import padded_width
-from pipeline.shape_buckets import bucket_plan, request_stream
 
 
 def _padding(lengths: list[int], plan: list[int]) -> int:

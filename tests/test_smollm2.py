@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from pipeline.build import build
+from pipeline.build.table import build
 
 from .conftest import scratch
 from .smollm2 import gguf_path, make

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import store
+from pipeline.build import store
 from pipeline.errors import ArtifactError, CacheError, InputError
 
 # Exits 3 where another process holds a lock on the file argv[1] (shared with "sh" as argv[2], else exclusive).

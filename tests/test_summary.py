@@ -1,6 +1,6 @@
 """The build's printed tables: the candidate table keeps its columns aligned whatever the candidates' names."""
 
-from pipeline.summary import candidate_table
+from pipeline.ops.summary import candidate_table
 
 
 def test_candidate_columns_line_up_with_a_name_longer_than_the_default_width():

@@ -8,11 +8,11 @@ import pytest
 import torch
 import transformers
 
-from pipeline.architectures import ARCHITECTURES
-from pipeline.build import build
+from pipeline.build.inputs.architectures import ARCHITECTURES
+from pipeline.build.inputs.tasks import TASKS
+from pipeline.build.table import build
 from pipeline.runtime import artifact as artifact_schema
 from pipeline.runtime import load
-from pipeline.tasks import TASKS
 
 from .tiny import DECODERS, HEADS, make_checkpoint, make_decoder, make_sentence_transformer
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns, nested_unbounded
 from pipeline.errors import InputError
-from pipeline.tokenizer_patterns import check_tokenizer_patterns, nested_unbounded
 
 GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3 = (

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.build import build
+from pipeline.build.inputs.image_data import default_image_data
+from pipeline.build.table import build
 from pipeline.errors import InputError
-from pipeline.image_data import default_image_data
 from pipeline.runtime import load
 
 from .conftest import REPO
@@ -120,7 +120,7 @@ def test_build_refuses_text_data_for_an_image_model_in_one_line(image_builds, te
 
 
 def test_default_image_data_holds_out_whole_pictures(image_builds):
-    from pipeline.data import normalized, read_texts
+    from pipeline.build.inputs.data import normalized, read_texts
 
     validation, calibration = default_image_data(image_builds["root"] / "cache")
     held_out, calibrated = read_texts(validation, "validation"), read_texts(calibration, "calibration")

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.stages.checkpoint import default_checkpoint
+from pipeline.build.stages.checkpoint import default_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")

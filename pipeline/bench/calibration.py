@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.runtime.artifact import verify_artifact
 
@@ -16,10 +16,10 @@ def _calibrate_in_child(fp32_path: str, tokenizer: str, spec: dict, count: int, 
     import resource
     import tempfile
 
-    from pipeline.passes.int8 import calibration_reader, quantize_static
+    from pipeline.build.inputs.targets import Quantize
+    from pipeline.build.passes.int8 import calibration_reader, quantize_static
     from pipeline.runtime.backends.onnxruntime import open_session
     from pipeline.runtime.encoder import Model
-    from pipeline.targets import Quantize
 
     texts = read_texts(DEFAULT_VALIDATION, "calibration")
     texts = (texts * (count // len(texts) + 1))[:count]
@@ -61,7 +61,7 @@ def calibration_memory(
     fp32 = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx"
     if not fp32.exists():
         raise InputError(f"the fp32 graph of {artifact} is not in the stage cache {cache_dir}; rebuild it first")
-    from pipeline.passes.int8 import with_shapes
+    from pipeline.build.passes.int8 import with_shapes
 
     with tempfile.TemporaryDirectory() as scratch:
         shaped = Path(scratch) / "shaped.onnx"

@@ -1,4 +1,4 @@
-"""What every benchmark shares: where results go, and what identifies a run (timing is pipeline/timing.py)."""
+"""What every benchmark shares: where results go, and what identifies a run (timing is pipeline/build/timing.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 def host_summary(threads: int) -> dict:
     """The host a benchmark ran on: CPU model, kernel class, the flags that pick kernels, threads, versions."""
-    from pipeline.cache import package_versions
+    from pipeline.build.cache import package_versions
     from pipeline.runtime.host import describe_host
 
     host = describe_host()
@@ -37,8 +37,8 @@ def check_out(out: str | Path | None) -> None:
     """Refuse, before anything runs, an --out that lies inside a published artifact or cannot be written."""
     import tempfile
 
+    from pipeline.build.store import check_outside_artifacts
     from pipeline.errors import InputError
-    from pipeline.store import check_outside_artifacts
 
     if out is None:
         return

@@ -17,15 +17,15 @@ import numpy as np
 
 from pipeline.bench import serving
 from pipeline.bench.common import bench_folder, host_line, identity, write_results
-from pipeline.console import progress
-from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.accuracy.reference import checkpoint_from_source, encoder_runner
+from pipeline.build.console import progress
+from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.shape_buckets import request_stream
+from pipeline.build.timing import percentile, time_alternating, time_until_stable, token_rows
 from pipeline.errors import InputError
-from pipeline.reference import checkpoint_from_source, encoder_runner
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session
 from pipeline.runtime.encoder import Model
-from pipeline.shape_buckets import request_stream
-from pipeline.timing import percentile, time_alternating, time_until_stable, token_rows
 
 BATCH_SIZES = (1, 8, 32)
 SEQ_LENS = (16, 128, 512)

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.bench.common import bench_folder, host_line, identity, write_results
-from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.accuracy.metrics import teacher_forced_stats, teacher_outputs, teacher_scores
+from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.timing import ARTIFACT, PYTORCH, artifact_runner, generation_speed
 from pipeline.errors import InputError
-from pipeline.metrics import teacher_forced_stats, teacher_outputs, teacher_scores
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
-from pipeline.timing import ARTIFACT, PYTORCH, artifact_runner, generation_speed
 
 ACCURACY_TEXTS = 32  # held-out texts the accuracy table is measured on (the decoder gate's default prompt count)
 
@@ -179,13 +179,13 @@ def bench_generation(
     length to `out_dir`."""
     import torch
 
-    from pipeline.reference import (
+    from pipeline.build.accuracy.reference import (
         checkpoint_from_source,
         generate_runner,
         load_hf_tokenizer,
         load_torch_model,
     )
-    from pipeline.reference_decoder import teacher_forced
+    from pipeline.build.accuracy.reference_decoder import teacher_forced
 
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)

@@ -111,11 +111,11 @@ def profile(
 ) -> dict:
     """Profile an encoder artifact at each (batch, sequence) of `shapes` and measure the host's GEMM limit at
     `limit_shapes`; writes profile.json and profile.md beside the artifact (or into `out_dir`) and returns them."""
-    from pipeline.data import DEFAULT_VALIDATION, read_texts
+    from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+    from pipeline.build.timing import token_rows
     from pipeline.runtime.artifact import verify_artifact
     from pipeline.runtime.host import usable_cores
     from pipeline.runtime.load import open_model
-    from pipeline.timing import token_rows
 
     artifact = Path(artifact)
     manifest = verify_artifact(artifact)

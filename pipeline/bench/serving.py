@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.console import progress
+from pipeline.build.console import progress
+from pipeline.build.timing import percentile
 from pipeline.errors import PipelineError
-from pipeline.timing import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 TRITON_ENV = REPO / ".venv-triton"

@@ -277,3 +277,39 @@ def _build_speed(root: Path) -> dict | None:
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
     return speed if isinstance(speed, dict) else None
+
+
+# A version folder of a model's published artifacts: v1, v2, ...
+VERSION_FOLDER = re.compile(r"^v(\d+)$")
+
+
+def version_number(name: str) -> int | None:
+    """N for a version folder's name `vN`, else None."""
+    match = VERSION_FOLDER.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _is_manifest(path: Path) -> bool:
+    """Whether `path` is a published artifact's manifest (ours: our schema, with its digest)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 24:
+            return False
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("schema") == MANIFEST_SCHEMA and "manifest_sha256" in manifest
+
+
+def artifact_holding(path: Path) -> Path | None:
+    """The published artifact, or artifact version folder, that `path` (resolved) lies in or is; None if none."""
+    real = Path(path).resolve()
+    for folder in (real, *real.parents):
+        if _is_manifest(folder / MANIFEST_NAME):
+            return folder
+        if version_number(folder.name) is not None and folder.is_dir():
+            try:
+                if any(_is_manifest(child / MANIFEST_NAME) for child in folder.iterdir()):
+                    return folder
+            except OSError:  # a folder it cannot list is no artifact version it can tell
+                continue
+    return None

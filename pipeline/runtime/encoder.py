@@ -31,7 +31,7 @@ def length_buckets(lengths: list[int], batch_size: int, bucketing: bool = True) 
 
 def padded_width(longest: int, buckets: list[int] | None) -> int:
     """The length a chunk whose longest text is `longest` tokens is padded to: the smallest of the artifact's
-    shape buckets that holds it (see pipeline.shape_buckets), or `longest` itself where there is no plan or no
+    shape buckets that holds it (see pipeline.build.shape_buckets), or `longest` itself where there is no plan or no
     bucket is long enough."""
     return min((b for b in buckets or () if b >= longest), default=longest)
 

@@ -69,7 +69,8 @@ class Decoding:
         # written into one buffer bound once: right after a step, with the weights just streamed through the
         # caches, each numpy call costs 15 to 40 us (SmolLM2), so no step computes a mask. A batch of one binds
         # a view of it; a larger batch copies its prefix (see the module docstring). Right-padded graphs read
-        # the mask only through each row's sum (its length) and its width (pipeline/passes/attention.py), so there too
+        # the mask only through each row's sum (its length) and its width (pipeline/build/passes/attention.py), so
+        # there too
         # the ones after the prompts count each row's new tokens; only the prompt step needs their places.
         self.masks = np.ones((len(rows), max(capacity, mask.shape[1])), dtype=np.int64)
         self.masks[:, : mask.shape[1]] = mask

@@ -26,7 +26,8 @@ class EngineFallbackWarning(UserWarning):
 
 def set_engine_builder(builder: Callable | None) -> None:
     """The hook `load(..., build_engine=True)` calls to build a missing TensorRT engine: `builder(artifact, graph)`
-    returns the engine's path. The build package registers `pipeline.stages.engine.build_artifact_engine` when it is
+    returns the engine's path. The build package registers `pipeline.build.stages.engine.build_artifact_engine` when
+    it is
     imported; the runtime itself imports nothing of the build."""
     global _engine_builder
     _engine_builder = builder
@@ -166,7 +167,7 @@ def _gpu_backend(root: Path, manifest: dict, graph: str, backend: str, build_eng
                 if builder is None:
                     raise ArtifactError(
                         "load(build_engine=True) needs an engine builder: install the build extra and `import "
-                        "pipeline.stages.engine` (it registers one), or pass build_engine=<callable>"
+                        "pipeline.build.stages.engine` (it registers one), or pass build_engine=<callable>"
                     )
                 plan = builder(root, graph)
             if plan is not None:

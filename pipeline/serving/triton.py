@@ -23,10 +23,9 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import ArtifactError, InputError, ServingError
-from pipeline.runtime.artifact import DATA_SUFFIX, MANIFEST_NAME, sha256_file, verify_artifact
+from pipeline.runtime.artifact import DATA_SUFFIX, MANIFEST_NAME, artifact_holding, sha256_file, verify_artifact
 from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
 from pipeline.serving.triton_settings import backend_settings, graph_refusal
-from pipeline.store import artifact_holding
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}

@@ -13,8 +13,8 @@ from pipeline.bench.encoder import (
     _variants,
     bench,
 )
+from pipeline.build.shape_buckets import request_stream
 from pipeline.runtime.artifact import verify_artifact
-from pipeline.shape_buckets import request_stream
 
 from ..conftest import SMALL_TEXTS
 
@@ -111,7 +111,7 @@ def test_calibration_memory_reports_each_count(published):
 def test_time_until_stable_marks_a_deliberately_noisy_variant_noisy():
     import time
 
-    from pipeline.timing import time_until_stable
+    from pipeline.build.timing import time_until_stable
 
     calls = {"n": 0}
 

@@ -4,10 +4,10 @@ import time
 import pytest
 
 from pipeline.bench.generation import bench_generation, exact_prompts, genai_runner
-from pipeline.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+from pipeline.build.timing import ARTIFACT, PYTORCH, generation_speed
 from pipeline.errors import InputError
 from pipeline.runtime import load
-from pipeline.timing import ARTIFACT, PYTORCH, generation_speed
 
 
 def test_bench_generation_writes_ttft_and_decode_rates_with_ratios_per_prompt_length(published_gpt2, tmp_path):

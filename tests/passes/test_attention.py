@@ -5,8 +5,8 @@ from collections import Counter
 import onnx
 import pytest
 
-from pipeline.manifest import Checkpoint
-from pipeline.stages.export import onnx_from_checkpoint
+from pipeline.build.manifest import Checkpoint
+from pipeline.build.stages.export import onnx_from_checkpoint
 
 from ..tiny import make_decoder
 

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.passes.block_minimum import blocks_with_minimum, quantize_with_block_minimum
+from pipeline.build.passes.block_minimum import blocks_with_minimum, quantize_with_block_minimum
 
 K, BLOCK = 80, 32  # K is not a whole number of blocks: the last one is partial
 

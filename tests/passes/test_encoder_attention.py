@@ -10,12 +10,12 @@ import pytest
 from onnx import numpy_helper
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-from pipeline.manifest import Manifest
-from pipeline.passes.encoder_attention import attention_from_residual_first, attention_from_where_mask
-from pipeline.passes.fusions import fused_from_onnx
-from pipeline.stages import checkpoint, export
-from pipeline.stages.optimize import OptimizeConfig
-from pipeline.targets import load_target
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.passes.encoder_attention import attention_from_residual_first, attention_from_where_mask
+from pipeline.build.passes.fusions import fused_from_onnx
+from pipeline.build.stages import checkpoint, export
+from pipeline.build.stages.optimize import OptimizeConfig
 
 from ..tiny import make_checkpoint
 from .conftest import op_counts

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.passes.int8 import quantizable_nodes, quantize_dynamic
-from pipeline.passes.int8_error import dynamic_int8_errors
+from pipeline.build.passes.int8 import quantizable_nodes, quantize_dynamic
+from pipeline.build.passes.int8_error import dynamic_int8_errors
 from pipeline.runtime.host import cpu_flags
 
 # The host's flags: the simulation multiplies as this host's int8 kernel does, saturating or not.
@@ -82,7 +82,7 @@ def test_simulated_error_matches_onnx_runtime_per_channel_and_reduced_range(tmp_
 def test_integer_products_sum_as_the_kernels_do_whatever_the_host(saturate):
     """Both sums, on every host: AVX2's 16-bit pair sums saturate (255 * 127 twice is past 32767), VNNI's 32-bit
     ones do not; an odd inner size pads one zero."""
-    from pipeline.passes.int8_error import _integer_product
+    from pipeline.build.passes.int8_error import _integer_product
 
     rng = np.random.default_rng(3)
     a, b = rng.integers(0, 256, (4, 7)), rng.integers(-127, 128, (7, 5))

@@ -7,14 +7,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_files
-from pipeline.manifest import Manifest
-from pipeline.onnx_files import graph_files, load_graph, load_structure, save_graph
-from pipeline.passes.fusions import fused_from_onnx
-from pipeline.passes.packing import matmuls_packed, packable
-from pipeline.stages import checkpoint, export, optimize
-from pipeline.stages.optimize import OptimizeConfig
-from pipeline.targets import load_target
+from pipeline.build import onnx_files
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.onnx_files import graph_files, load_graph, load_structure, save_graph
+from pipeline.build.passes.fusions import fused_from_onnx
+from pipeline.build.passes.packing import matmuls_packed, packable
+from pipeline.build.stages import checkpoint, export, optimize
+from pipeline.build.stages.optimize import OptimizeConfig
 
 from ..tiny import make_decoder
 from .conftest import op_counts

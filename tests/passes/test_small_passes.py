@@ -4,14 +4,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from pipeline.passes.fp16 import fp16_from_fp32
-from pipeline.passes.fusions import fused_from_onnx
-from pipeline.passes.int8 import quantize_dynamic
-from pipeline.passes.lm_head import last_token_logits
-from pipeline.passes.smoothing import smooth
-from pipeline.passes.weight_only import quantize_weight_only
-from pipeline.stages.optimize import OptimizeConfig
-from pipeline.targets import load_target
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.passes.fp16 import fp16_from_fp32
+from pipeline.build.passes.fusions import fused_from_onnx
+from pipeline.build.passes.int8 import quantize_dynamic
+from pipeline.build.passes.lm_head import last_token_logits
+from pipeline.build.passes.smoothing import smooth
+from pipeline.build.passes.weight_only import quantize_weight_only
+from pipeline.build.stages.optimize import OptimizeConfig
 
 from .conftest import op_counts
 

@@ -11,12 +11,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_files
-from pipeline.manifest import Manifest
-from pipeline.onnx_files import graph_files, load_graph, save_graph
-from pipeline.passes.weight_only import quantize_weight_only
-from pipeline.stages import checkpoint, export, optimize
-from pipeline.targets import Quantize, load_target
+from pipeline.build import onnx_files
+from pipeline.build.inputs.targets import Quantize, load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.onnx_files import graph_files, load_graph, save_graph
+from pipeline.build.passes.weight_only import quantize_weight_only
+from pipeline.build.stages import checkpoint, export, optimize
 
 from ..tiny import make_decoder
 
@@ -170,8 +170,8 @@ import json, sys
 from pathlib import Path
 
 import onnx, onnxruntime.quantization.matmul_nbits_quantizer
-from pipeline.passes.weight_only import quantize_weight_only
-from pipeline.targets import Quantize
+from pipeline.build.passes.weight_only import quantize_weight_only
+from pipeline.build.inputs.targets import Quantize
 
 def memory(key):  # bytes; the high-water mark of this process alone (ru_maxrss keeps the forking parent's)
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
@@ -239,9 +239,9 @@ def test_quantize_weight_only_refuses_a_shared_weight_planned_at_two_bits(tmp_pa
 
 
 def test_minimum_blocks_and_a_wider_head_are_written_in_one_pass_as_two_passes_wrote_them(decoder, tmp_path):
-    from pipeline.onnx_files import load_structure
-    from pipeline.passes.block_minimum import quantize_with_block_minimum
-    from pipeline.passes.weight_only import Blocks, blocks_from_fp32
+    from pipeline.build.onnx_files import load_structure
+    from pipeline.build.passes.block_minimum import quantize_with_block_minimum
+    from pipeline.build.passes.weight_only import Blocks, blocks_from_fp32
 
     quantize_weight_only(decoder, tmp_path / "q.onnx", _settings(4, "minimum", 32), exclude=(UP,), wide=(DOWN,))
     body = tmp_path / "body.onnx"  # the body in minimum blocks, then the head and DOWN in symmetric 8-bit blocks

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from pipeline.build.recipes.openvino_dynamic import GROUP_SIZES, finest_passing, int8_weights, session_for
 from pipeline.errors import ArtifactError
-from pipeline.recipes.openvino_dynamic import GROUP_SIZES, finest_passing, int8_weights, session_for
 from pipeline.runtime import load
 from pipeline.runtime.backends.openvino import GROUP_RT_INFO, compile_config
 
@@ -75,7 +75,7 @@ def test_the_session_sets_the_plugins_group_size():
 
 
 def test_the_artifact_runs_int8_weights_at_its_group_size_and_matches_pytorch(dynamic_build):
-    from pipeline.reference import checkpoint_from_source, pytorch_outputs
+    from pipeline.build.accuracy.reference import checkpoint_from_source, pytorch_outputs
 
     folder = dynamic_build.published["path"]
     published = json.loads(open(f"{folder}/manifest.json").read())

@@ -7,8 +7,9 @@ import io
 import numpy as np
 import pytest
 
-from pipeline.manifest import Manifest, candidate_model
-from pipeline.recipes.openvino_int8 import (
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest, candidate_model
+from pipeline.build.recipes.openvino_int8 import (
     RANKING_FEEDS,
     _activation_quantizers,
     _kind,
@@ -18,9 +19,8 @@ from pipeline.recipes.openvino_int8 import (
     matmul_kinds,
     nncf_int8,
 )
-from pipeline.stages import checkpoint, export
-from pipeline.stages.candidates import CannotWin
-from pipeline.targets import load_target
+from pipeline.build.stages import checkpoint, export
+from pipeline.build.stages.candidates import CannotWin
 
 from ..conftest import CALIBRATION_TEXTS, SMALL_TEXTS
 from ..tiny import make_checkpoint

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
-from pipeline.build import build
+from pipeline.build.inputs.targets import Candidate, available_targets, load_target
+from pipeline.build.recipes import RECIPES, ROW_COLUMNS, check_candidates, checked_target, recipe_for, registry
+from pipeline.build.recipes.ort_fp32 import OrtFp32
+from pipeline.build.recipes.ort_int8 import OrtInt8
+from pipeline.build.stages.candidates import candidate_row
+from pipeline.build.table import build
 from pipeline.errors import TargetError
-from pipeline.recipes import RECIPES, ROW_COLUMNS, check_candidates, checked_target, recipe_for, registry
-from pipeline.recipes.ort_fp32 import OrtFp32
-from pipeline.recipes.ort_int8 import OrtInt8
-from pipeline.stages.candidates import candidate_row
-from pipeline.targets import Candidate, available_targets, load_target
 
 from ..conftest import write_target
 

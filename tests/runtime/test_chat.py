@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from pipeline.chat_template import chat_template_spec
+from pipeline.build.inputs.chat_template import chat_template_spec
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import load
 from pipeline.runtime.chat import ChatPrompts, check_messages, render_chats
@@ -142,7 +142,7 @@ def test_chat_ids_hold_the_templates_bos_once_and_none_where_it_writes_none(chat
 @pytest.fixture(scope="module")
 def chat_artifact(chat_checkpoints, texts_file, tmp_path_factory) -> Path:
     """The Gemma-style tiny llama built for cpu-fp32 (exact), once per module."""
-    from pipeline.build import build
+    from pipeline.build.table import build
 
     root = tmp_path_factory.mktemp("chat-build")
     manifest = build(

@@ -109,7 +109,7 @@ def test_stream_text_joins_to_generate_text_and_decoded_ids(model):
 
 
 def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, texts_file, tmp_path):
-    from pipeline.build import build
+    from pipeline.build.table import build
 
     manifest = build(
         tiny_gpt2,
@@ -460,7 +460,7 @@ def test_run_scores_the_next_token(model, hf):
 
 @pytest.fixture(scope="module")
 def fp32_model(tiny_gpt2, texts_file, tmp_path_factory) -> Generator:
-    from pipeline.build import build
+    from pipeline.build.table import build
 
     root = tmp_path_factory.mktemp("gpt2-fp32")
     manifest = build(
@@ -475,7 +475,7 @@ def fp32_model(tiny_gpt2, texts_file, tmp_path_factory) -> Generator:
 
 
 def test_teacher_forced_logits_equal_transformers_along_each_continuation_batched_with_left_padding(fp32_model, hf):
-    from pipeline.metrics import split_at_middle
+    from pipeline.build.accuracy.metrics import split_at_middle
 
     model, (hf, _) = fp32_model, hf
     pairs = split_at_middle([e.ids for e in model.encode(SMALL_TEXTS)], model.max_length)
@@ -495,6 +495,6 @@ def test_published_decoder_records_teacher_forced_agreement_and_perplexity_ratio
     assert 0.9 < validation["perplexity_ratio"] < 1.1
     # Every greedy continuation matched (greedy_match 1.0), so each was reproduced whole.
     assert validation["greedy_match"] == 1.0 and validation["greedy_prefix_agreement"] == 1.0
-    from pipeline.metrics import greedy_stats
+    from pipeline.build.accuracy.metrics import greedy_stats
 
     assert greedy_stats([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]])["greedy_prefix_agreement"] == 0.75

@@ -30,7 +30,7 @@ def _imports(path: Path) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
-            # `from pipeline.stages import engine` imports pipeline.stages.engine
+            # `from pipeline.build.stages import engine` imports pipeline.build.stages.engine
             found |= {
                 f"{base}.{alias.name}"
                 for alias in node.names
@@ -58,9 +58,9 @@ def test_runtime_imports_nothing_of_the_build():
 def test_imports_detector_sees_a_build_import(tmp_path):
     # The check above must be able to fail: a lazy import of a build module inside a function is found.
     probe = PIPELINE / "runtime" / "_probe_for_test.py"
-    probe.write_text("def f():\n    from pipeline.stages import engine\n    import torch\n")
+    probe.write_text("def f():\n    from pipeline.build.stages import engine\n    import torch\n")
     try:
-        assert {"pipeline.stages.engine", "torch"} <= _imports(probe)
+        assert {"pipeline.build.stages.engine", "torch"} <= _imports(probe)
     finally:
         probe.unlink()
 
@@ -91,7 +91,7 @@ def test_no_import_cycle_between_modules():
 def test_no_stage_imports_the_benchmarks():
     offenders = [
         f"{path.relative_to(PIPELINE)}: {name}"
-        for path in sorted((PIPELINE / "stages").rglob("*.py"))
+        for path in sorted((PIPELINE / "build" / "stages").rglob("*.py"))
         for name in _imports(path)
         if name == "pipeline.bench" or name.startswith("pipeline.bench.")
     ]
@@ -99,12 +99,12 @@ def test_no_stage_imports_the_benchmarks():
 
 
 def test_gc_and_the_store_import_no_stage():
-    # gc and the cache share the layout and locks through pipeline.store, never through a stage's module.
+    # gc and the cache share the layout and locks through pipeline.build.store, never through a stage's module.
     offenders = [
         f"{name}: {module}"
-        for name in ("gc.py", "store.py", "cache.py")
+        for name in ("ops/gc.py", "build/store.py", "build/cache.py")
         for module in _imports(PIPELINE / name)
-        if module == "pipeline.stages" or module.startswith("pipeline.stages.")
+        if module == "pipeline.build.stages" or module.startswith("pipeline.build.stages.")
     ]
     assert not offenders, offenders
 
@@ -117,3 +117,57 @@ def test_jinja2_is_imported_lazily_and_only_by_chat():
         top_level |= {(n.module or "").split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
         assert "jinja2" not in top_level, path
         assert ("jinja2" in {m.split(".")[0] for m in _imports(path)}) == (path.name == "chat.py"), path
+
+
+# The layers, and the layers each may import: errors <- runtime <- build <- ops, bench <- cli; serving imports the
+# runtime only (ops and bench may start a server).
+LAYERS = {
+    "errors": set(),
+    "runtime": {"errors", "runtime"},
+    "build": {"errors", "runtime", "build"},
+    "ops": {"errors", "runtime", "build", "ops", "serving"},
+    "serving": {"errors", "runtime", "serving"},
+    "bench": {"errors", "runtime", "build", "ops", "serving", "bench"},
+    "cli": {"errors", "runtime", "build", "ops", "serving", "bench", "cli"},
+}
+
+
+def _layer(relative: Path) -> str | None:
+    top = relative.parts[0].removesuffix(".py")
+    return "cli" if top == "__main__" else top if top in LAYERS else None
+
+
+def layer_offenders(root: Path = PIPELINE) -> list[str]:
+    """Each import of a module of another layer that the importing module's layer may not import."""
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        mine = _layer(path.relative_to(root))
+        for name in sorted(_imports(path)):
+            parts = name.split(".")
+            theirs = _layer(Path(parts[1])) if len(parts) > 1 and parts[0] == "pipeline" else None
+            if mine and theirs and theirs not in LAYERS[mine]:
+                offenders.append(f"{path.relative_to(root)}: {name}")
+    return offenders
+
+
+def test_each_layer_imports_only_the_layers_it_may():
+    assert set(LAYERS) - {"errors", "cli"} <= {p.name for p in PIPELINE.iterdir() if p.is_dir()}
+    assert not layer_offenders(), layer_offenders()
+
+
+def test_the_layer_check_fails_when_a_rule_is_broken_on_purpose():
+    probes = {
+        PIPELINE / "serving" / "_probe_for_test.py": "def f():\n    from pipeline.build.table import build\n",
+        PIPELINE / "build" / "_probe_for_test.py": "from pipeline.ops import gc\n",
+    }
+    try:
+        for path, code in probes.items():
+            path.write_text(code)
+        assert sorted(layer_offenders()) == [
+            "build/_probe_for_test.py: pipeline.ops",
+            "build/_probe_for_test.py: pipeline.ops.gc",
+            "serving/_probe_for_test.py: pipeline.build.table",
+        ]
+    finally:
+        for path in probes:
+            path.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from ..tiny import make_decoder
 
 
 def _fp32_build(root, model_type: str, texts_file, **config):
-    from pipeline.build import build
+    from pipeline.build.table import build
 
     folder = make_decoder(root / f"tiny-{model_type}", model_type, **config)
     manifest = build(

@@ -209,8 +209,8 @@ def test_model_run_same_rows_with_and_without_bucketing(published):
 
 
 def test_ort_gpu_providers_carry_the_targets_profiles_and_caches(tmp_path):
+    from pipeline.build.inputs.targets import load_target
     from pipeline.runtime.backends.onnxruntime import ort_gpu_providers
-    from pipeline.targets import load_target
 
     shape = {"min": [1, 1], "opt": [8, 128], "max": [32, 256]}
     manifest = {
@@ -277,7 +277,7 @@ EXTERNAL_TARGETS = ("cpu-fp32", "cpu-int8-weights")
 def external(tmp_path_factory, texts_file, calibration_file):
     """A tiny Llama built for each of EXTERNAL_TARGETS with every graph forced past the single-file limit: the
     checkpoint, and each target's artifact."""
-    from pipeline import onnx_files
+    from pipeline.build import onnx_files
 
     checkpoint = make_decoder(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama")
     root = tmp_path_factory.mktemp("external")

@@ -203,7 +203,7 @@ def test_a_tensorrt_export_copies_only_verified_engines_and_refuses_a_changed_pl
 ):
     import warnings
 
-    from pipeline.build import build
+    from pipeline.build.table import build
     from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, write_engine
 
     manifest = build(tiny_bert, "a100", validation=texts_file, calibration=texts_file, **build_dirs)

@@ -1,6 +1,6 @@
 """Helpers both searches' tests use (encoders in test_search, decoders in test_search_decoder)."""
 
-from pipeline.build import build
+from pipeline.build.table import build
 
 
 def build_into(checkpoint, target, texts_file, calibration_file, folder):

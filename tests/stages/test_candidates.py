@@ -5,9 +5,9 @@ import weakref
 
 import pytest
 
+from pipeline.build.inputs.targets import Accuracy, Candidate
+from pipeline.build.stages.candidates import CannotWin, Screen, attach_timings, candidate_row, judge_candidates
 from pipeline.errors import QuantizationError
-from pipeline.stages.candidates import CannotWin, Screen, attach_timings, candidate_row, judge_candidates
-from pipeline.targets import Accuracy, Candidate
 
 GATE = Accuracy(cosine_min=0.99, max_abs_diff=0.1)
 

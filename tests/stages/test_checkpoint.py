@@ -3,11 +3,11 @@ import shutil
 
 import pytest
 
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.stages import checkpoint
+from pipeline.build.stages.checkpoint import checkpoint_digest, default_checkpoint
 from pipeline.errors import InputError
-from pipeline.manifest import Manifest
-from pipeline.stages import checkpoint
-from pipeline.stages.checkpoint import checkpoint_digest, default_checkpoint
-from pipeline.targets import load_target
 
 from ..tiny import make_checkpoint, make_sentence_transformer
 

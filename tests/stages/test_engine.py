@@ -7,13 +7,13 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipeline.build import build
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.stages import engine
+from pipeline.build.table import build
 from pipeline.errors import ArtifactError, InputError, TargetError
 from pipeline.runtime import EngineFallbackWarning, load
 from pipeline.runtime.engine_cache import check_engine, engine_cache_key
 from pipeline.runtime.host import gpu_host
-from pipeline.stages import engine
-from pipeline.targets import load_target
 
 from ..conftest import write_target
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.passes.lm_head import last_token_logits
+from pipeline.build.stages import checkpoint, export
 from pipeline.errors import ExportError, InputError
-from pipeline.manifest import Manifest
-from pipeline.passes.lm_head import last_token_logits
-from pipeline.stages import checkpoint, export
-from pipeline.targets import load_target
 
 from ..tiny import make_checkpoint, make_sentence_transformer
 
@@ -79,7 +79,7 @@ def test_onnx_from_checkpoint_refuses_nan_weights(tmp_path):
 def test_a_model_that_fails_on_the_probe_input_is_a_one_line_export_error(tmp_path):
     import transformers
 
-    from pipeline.stages.checkpoint import default_checkpoint
+    from pipeline.build.stages.checkpoint import default_checkpoint
 
     from ..tiny import TOKENIZER_FILES
 
@@ -263,7 +263,7 @@ def test_onnx_from_checkpoint_feeds_only_the_inputs_the_graph_reads(tmp_path, mo
 def test_graph_inputs_follow_the_graph_and_refuse_one_no_tokenizer_makes(tmp_path):
     import onnx
 
-    from pipeline.architectures.encoders import graph_inputs
+    from pipeline.build.inputs.architectures.encoders import graph_inputs
 
     def session(names):
         ints = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT64, [1, 2]) for n in names]
@@ -285,8 +285,8 @@ def test_graph_inputs_follow_the_graph_and_refuse_one_no_tokenizer_makes(tmp_pat
 
 
 def test_onnx_from_causal_lm_keeps_weights_in_a_data_file_when_over_the_limit(tmp_path, monkeypatch):
-    from pipeline import onnx_files
-    from pipeline.stages import optimize
+    from pipeline.build import onnx_files
+    from pipeline.build.stages import optimize
 
     from ..tiny import make_decoder
 

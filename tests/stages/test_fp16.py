@@ -5,10 +5,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline.manifest import Manifest
-from pipeline.passes.fp16 import KEEP_FP32
-from pipeline.stages import checkpoint, export, fp16, optimize
-from pipeline.targets import load_target
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.passes.fp16 import KEEP_FP32
+from pipeline.build.stages import checkpoint, export, fp16, optimize
 
 from ..conftest import SMALL_TEXTS
 
@@ -50,7 +50,7 @@ def test_fp16_keeps_the_graphs_interface_and_its_outputs(graphs):
     fp16 = ort.InferenceSession(str(fp16_path), providers=["CPUExecutionProvider"])
     assert [(i.name, i.type) for i in fp16.get_inputs()] == [(i.name, i.type) for i in fp32.get_inputs()]
     assert [(o.name, o.type) for o in fp16.get_outputs()] == [("sentence_embedding", "tensor(float)")]
-    from pipeline.manifest import candidate_model
+    from pipeline.build.manifest import candidate_model
 
     target = load_target("a100")
     reference = candidate_model(manifest, target, fp32_path).run(SMALL_TEXTS)

@@ -3,12 +3,12 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from pipeline import onnx_files
-from pipeline.manifest import Manifest
-from pipeline.onnx_files import graph_files, load_graph
-from pipeline.passes import fusions
-from pipeline.stages import checkpoint, export, optimize
-from pipeline.targets import load_target
+from pipeline.build import onnx_files
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.onnx_files import graph_files, load_graph
+from pipeline.build.passes import fusions
+from pipeline.build.stages import checkpoint, export, optimize
 
 from ..tiny import make_checkpoint, make_decoder
 
@@ -50,7 +50,7 @@ def _outputs(path, batch=2, length=9):
             },
         ),
         ("roberta", {"Attention": LAYERS, "SkipLayerNormalization": 2 * LAYERS, "BiasGelu": LAYERS}),
-        # onnxruntime's BERT fusion leaves DistilBERT's attention decomposed; pipeline/passes/encoder_attention.py
+        # onnxruntime's BERT fusion leaves DistilBERT's attention decomposed; pipeline/build/passes/encoder_attention.py
         # fuses it.
         ("distilbert", {"Attention": LAYERS, "SkipLayerNormalization": 2 * LAYERS, "BiasGelu": LAYERS}),
     ],

@@ -7,15 +7,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline.build import build
-from pipeline.data import read_texts
+from pipeline.build.accuracy.metrics import development_margin
+from pipeline.build.inputs.data import read_texts
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest, candidate_model
+from pipeline.build.passes.int8 import quantizable_nodes
+from pipeline.build.passes.smoothing import activation_absmax, smooth
+from pipeline.build.stages import checkpoint, export, fallback, optimize, quantize
+from pipeline.build.table import build
 from pipeline.errors import AccuracyError, TargetError
-from pipeline.manifest import Manifest, candidate_model
-from pipeline.metrics import development_margin
-from pipeline.passes.int8 import quantizable_nodes
-from pipeline.passes.smoothing import activation_absmax, smooth
-from pipeline.stages import checkpoint, export, fallback, optimize, quantize
-from pipeline.targets import load_target
 
 from ..conftest import SMALL_TEXTS, write_target
 from ..tiny import make_decoder
@@ -225,7 +225,7 @@ def test_quantize_static_same_inputs_give_same_artifact(tiny_bert, texts_file, c
 
 
 def test_calibration_reader_streams_fixed_width_batches(fused):
-    from pipeline.passes.int8 import calibration_reader
+    from pipeline.build.passes.int8 import calibration_reader
 
     manifest, target = fused
     model = candidate_model(manifest, target)
@@ -238,7 +238,7 @@ def test_calibration_reader_streams_fixed_width_batches(fused):
 
 
 def test_calibration_reader_ignores_the_artifacts_shape_buckets(fused):
-    from pipeline.passes.int8 import calibration_reader
+    from pipeline.build.passes.int8 import calibration_reader
 
     manifest, target = fused
     model = candidate_model(manifest, target)
@@ -301,8 +301,8 @@ def test_weight_only_int4_keeps_the_lm_head_at_8_bits(blocks, texts_file, calibr
 
 
 def test_development_split_fills_a_small_split_with_repository_text_only_where_unseen(tmp_path):
-    from pipeline.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
-    from pipeline.manifest import Checkpoint
+    from pipeline.build.inputs.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
+    from pipeline.build.manifest import Checkpoint
 
     own = read_texts(DEFAULT_CALIBRATION, "calibration")
     held_out = set(read_texts(DEFAULT_VALIDATION, "validation"))

@@ -9,13 +9,13 @@ import types
 import numpy as np
 import pytest
 
+from pipeline.build.accuracy.reference import checkpoint_from_source, pytorch_outputs
+from pipeline.build.inputs.targets import load_target, native_target
+from pipeline.build.stages.publish import TIMED
+from pipeline.build.stages.search import _no_winner, choose
 from pipeline.errors import AccuracyError, ArtifactError, TargetError
-from pipeline.reference import checkpoint_from_source, pytorch_outputs
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags, kernel_class
-from pipeline.stages.publish import TIMED
-from pipeline.stages.search import _no_winner, choose
-from pipeline.targets import load_target, native_target
 
 from ..conftest import REPO, SMALL_TEXTS, write_target
 from .conftest import assert_chosen_is_the_fastest_that_passed_held_out, build_into

@@ -5,16 +5,16 @@ import json
 
 import pytest
 
+from pipeline.build.accuracy.metrics import CHECKS, development_gate, failures
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.manifest import Manifest
+from pipeline.build.recipes import Job, build_candidate
+from pipeline.build.stages import checkpoint, export, optimize
+from pipeline.build.stages.quantize import calibration_texts, development_split
+from pipeline.build.stages.search_decoder import search_decoders
 from pipeline.errors import AccuracyError
-from pipeline.manifest import Manifest
-from pipeline.metrics import CHECKS, development_gate, failures
-from pipeline.recipes import Job, build_candidate
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags
-from pipeline.stages import checkpoint, export, optimize
-from pipeline.stages.quantize import calibration_texts, development_split
-from pipeline.stages.search_decoder import search_decoders
-from pipeline.targets import load_target
 
 from ..conftest import write_target
 from ..tiny import make_decoder
@@ -193,8 +193,8 @@ def test_a_missing_int4_candidate_is_bisected_over_layers_to_the_fewest_kept_at_
 
 
 def test_a_measurement_given_the_teacher_pass_at_its_batch_equals_one_that_runs_it(searched):
-    from pipeline.metrics import measure, teacher_outputs
-    from pipeline.reference import generation_reference
+    from pipeline.build.accuracy.metrics import measure, teacher_outputs
+    from pipeline.build.accuracy.reference import generation_reference
 
     prompts = ["The cat sat on the mat and looked", "Once upon a time there was a small"]
     reference = generation_reference(searched.checkpoint, prompts, 4)

@@ -1,13 +1,13 @@
 import dataclasses
 import json
 
-from pipeline.build import build
+from pipeline.build.inputs.targets import load_target
+from pipeline.build.shape_buckets import bucket_plan, token_lengths
+from pipeline.build.stages import publish
+from pipeline.build.table import build
 from pipeline.runtime import load
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.streams import SPLIT_MIN_ROWS
-from pipeline.shape_buckets import bucket_plan, token_lengths
-from pipeline.stages import publish
-from pipeline.targets import load_target
 
 from ..conftest import CALIBRATION_TEXTS, write_target
 
@@ -113,7 +113,7 @@ def test_tune_times_the_calibration_texts_bucket_plan_and_the_published_spec_car
 
 
 def test_tune_workloads_mixed_batch_spans_the_texts_lengths_when_there_are_more_texts_than_rows():
-    from pipeline.stages.tune import workloads
+    from pipeline.build.stages.tune import workloads
 
     texts = ["x" * n for n in range(100, 0, -1)]  # 100 texts, longest first
     mixed = workloads(texts, 4)["mixed_4"]

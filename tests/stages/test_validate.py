@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
+from pipeline.build.accuracy.metrics import compare, failures, worst
+from pipeline.build.inputs.targets import Accuracy
+from pipeline.build.stages.validate import validate_artifact
 from pipeline.errors import AccuracyError
-from pipeline.metrics import compare, failures, worst
-from pipeline.stages.validate import validate_artifact
-from pipeline.targets import Accuracy
 
 from ..conftest import edit_manifest
 

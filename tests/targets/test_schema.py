@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.inputs.targets import target_from_toml
+from pipeline.build.inputs.targets.schema import dataclass_from_table
 from pipeline.errors import TargetError
-from pipeline.targets import target_from_toml
-from pipeline.targets.schema import dataclass_from_table
 
 from ..conftest import write_target
 

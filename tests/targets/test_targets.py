@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.build.accuracy.metrics import with_headroom
+from pipeline.build.inputs.targets import Target, available_targets, load_target, target_from_toml
 from pipeline.errors import TargetError
-from pipeline.metrics import with_headroom
-from pipeline.targets import Target, available_targets, load_target, target_from_toml
 
 from ..conftest import write_target
 
