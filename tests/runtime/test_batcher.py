@@ -1,4 +1,3 @@
-import shutil
 import sys
 import threading
 
@@ -10,7 +9,7 @@ from pipeline.runtime import load
 from pipeline.runtime.batcher import Batcher
 
 from ..conftest import SMALL_TEXTS
-from .backtracking import PANICS, add_backtracking_split, backtracking_tokenizer
+from .backtracking import PANICS, backtracking_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -171,14 +170,6 @@ def test_call_raises_timeout_error_after_the_batchers_default_timeout(model):
 def test_batcher_raises_input_error_naming_the_setting_when_it_is_bad(model, kwargs, message):
     with pytest.raises(InputError, match=message):
         Batcher(model, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def backtracking(published, tmp_path_factory):
-    """A copy of the session's artifact whose tokenizer.json has a Split pattern that backtracks without bound."""
-    copy = tmp_path_factory.mktemp("backtracking") / "tiny-bert" / published.parent.name / published.name
-    shutil.copytree(published, copy)
-    return add_backtracking_split(copy)
 
 
 def test_batcher_gives_only_the_text_the_tokenizer_panics_on_an_error_and_keeps_serving(backtracking):

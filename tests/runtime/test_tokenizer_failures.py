@@ -1,20 +1,10 @@
-import shutil
-
 import pytest
 
 from pipeline.errors import InputError
 from pipeline.runtime import load
 from pipeline.runtime.text import encode_batch
 
-from .backtracking import PANICS, add_backtracking_split, backtracking_tokenizer
-
-
-@pytest.fixture(scope="module")
-def backtracking(published, tmp_path_factory):
-    """A copy of the session's artifact whose tokenizer.json has a Split pattern that backtracks without bound."""
-    copy = tmp_path_factory.mktemp("backtracking") / "tiny-bert" / published.parent.name / published.name
-    shutil.copytree(published, copy)
-    return add_backtracking_split(copy)
+from .backtracking import PANICS, backtracking_tokenizer
 
 
 def test_the_backtracking_split_panics_in_the_tokenizers_library(published):
