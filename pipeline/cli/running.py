@@ -1,0 +1,142 @@
+"""Commands that run an artifact: generate, classify, bench."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.errors import InputError, PipelineError, QuantizationError
+
+
+@click.command()
+@click.argument("artifact")
+@click.option("--baseline", type=click.Choice(["pytorch", "none"]), default="pytorch", show_default=True)
+@click.option("--cache-dir", default=None, help="stage cache holding the unoptimized and fp32 graphs")
+@click.option("--out", default=None, help="folder for bench.json, bench.md, bench.png (default: beside the artifact)")
+@click.option("--quick", is_flag=True, help="batch 1 and 8, sequence 16 and 128, fewer repetitions")
+@click.option(
+    "--profile",
+    "profile",
+    is_flag=True,
+    help="instead: per-op time at batch 1 and 32 (sequence 128) against the host's GEMM limit (profile.json, .md)",
+)
+@click.option(
+    "--calibration-memory",
+    "calibration",
+    default=None,
+    metavar="N,N",
+    help="instead: peak RSS of static calibration over N examples (e.g. 1000,10000)",
+)
+@click.option(
+    "--method",
+    type=click.Choice(["minmax", "entropy", "percentile"]),
+    default="entropy",
+    show_default=True,
+    help="calibration method for --calibration-memory",
+)
+@click.option(
+    "--genai",
+    "genai",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)",
+)
+def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai) -> None:
+    """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
+    from pipeline.bench import markdown, run
+    from pipeline.bench.common import check_out
+
+    check_out(out)
+    if profile:
+        from pipeline.bench.profile import markdown as profile_markdown
+        from pipeline.bench.profile import profile as profile_artifact
+
+        settings = {"runs": 2, "warmups": 1, "limit_shapes": ((256, 128, 256),), "limit_runs": 2} if quick else {}
+        results = profile_artifact(artifact, out, **settings)
+        click.echo(profile_markdown(results))
+        click.echo(f"wrote {results['written_to']}/profile.json, profile.md")
+        return
+    if calibration:
+        from pipeline.bench.calibration import calibration_lines, calibration_memory
+
+        try:
+            counts = [int(n) for n in calibration.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            message = f"{calibration!r} is not a comma-separated list of positive counts, e.g. 1000,10000"
+            raise click.BadParameter(message)
+        rows = calibration_memory(artifact, cache_dir, counts, method)
+        click.echo(calibration_lines(rows))
+        if any(row.get("error") for row in rows):
+            raise QuantizationError("a calibration run failed (its row above says why)")
+        return
+    bad = [g for g in genai if "=" not in g]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not NAME=DIR, e.g. genai-int4=.cache/genai/smollm2-int4")
+    peers = dict(g.split("=", 1) for g in genai)
+    results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick, peers=peers)
+    click.echo(markdown(results))
+    written = "bench.json, bench.md, " + ("bench-prompt*.png" if "runs" in results else "bench.png")
+    click.echo(f"wrote {results['written_to']}/{written}")
+
+
+@click.command()
+@click.argument("artifact")
+@click.argument("images", nargs=-1, required=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True, help="labels printed a picture")
+def classify(artifact, images, top_k) -> None:
+    """Print the most probable labels of each of IMAGES (files) by an image-classification ARTIFACT."""
+    from pipeline.ops.summary import printable
+    from pipeline.runtime import load
+
+    model = load(artifact)
+    if getattr(model, "task", None) != "image-classification":
+        raise InputError(f"{artifact} is built for {model.task}; classify needs an image-classification artifact")
+    for image, predictions in zip(images, model.classify_images(list(images), top_k=top_k), strict=True):
+        labels = ", ".join(f"{printable(p.label)} {p.score:.3f}" for p in predictions)
+        click.echo(f"{printable(image)}: {labels}")
+
+
+@click.command()
+@click.argument("artifact")
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--temperature", type=float, default=None, help="> 0 samples; 0 is greedy (default: the checkpoint's)")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", default=None, help="an int from 0 to 2**64 - 1; makes sampling repeatable")
+@click.option("--stop", multiple=True, help="a string that ends the text (repeatable)")
+@click.option("--chat", is_flag=True, help="send each prompt as one user message through the chat template")
+def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat) -> None:
+    """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come. With --chat, each
+    prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need)."""
+    from pipeline.runtime import load
+
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "stop": list(stop),
+    }
+    if seed is not None and seed.isascii() and seed.strip().removeprefix("-").isdigit():
+        seed = int(seed)  # anything else goes to the runtime as given, which names what it takes
+    model = load(artifact)
+    if not hasattr(model, "stream"):
+        raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
+    # One prompt at a time, so that each one's text streams out whole before the next begins. The prompt comes
+    # first (dimmed on a terminal; click drops the style elsewhere), the continuation after it.
+    started = set()
+    inputs = {"messages": [[{"role": "user", "content": p}] for p in prompts]} if chat else {"prompts": list(prompts)}
+    for event in model.stream(batch_size=1, seed=seed, **inputs, **settings):
+        if event.index not in started:
+            started.add(event.index)
+            if len(prompts) > 1:
+                click.echo(
+                    ("\n" if event.index else "")
+                    + click.style(f"--- prompt {event.index + 1} of {len(prompts)}", bold=True)
+                )
+            click.echo(click.style(prompts[event.index], dim=True), nl=chat)  # a reply starts on its own line
+        click.echo(event.text, nl=False)
+        if event.finish_reason:
+            click.echo(f"\n[{event.finish_reason}]")
