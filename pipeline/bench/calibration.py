@@ -9,6 +9,7 @@ from pathlib import Path
 from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
 from pipeline.runtime.artifact import verify_artifact
+from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 
 def _calibrate_in_child(fp32_path: str, tokenizer: str, spec: dict, count: int, method: str, streamed: bool, out: str):
@@ -58,7 +59,7 @@ def calibration_memory(
     manifest = verify_artifact(artifact)
     real = Path(artifact).resolve()
     cache_dir = Path(cache_dir or Path(__file__).resolve().parents[2] / ".cache" / "stages")
-    fp32 = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx"
+    fp32 = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / GRAPH
     if not fp32.exists():
         raise InputError(f"the fp32 graph of {artifact} is not in the stage cache {cache_dir}; rebuild it first")
     from pipeline.build.passes.int8 import with_shapes
@@ -72,7 +73,7 @@ def calibration_memory(
         runs = [(n, True) for n in counts] + [(max(16, min(counts) // 16 * 16), False)]
         for count, streamed in runs:
             out = shaped.parent / f"{count}-{streamed}.json"
-            args = [str(shaped), str(real / "tokenizer.json"), manifest["model"], count, method, streamed, str(out)]
+            args = [str(shaped), str(real / TOKENIZER), manifest["model"], count, method, streamed, str(out)]
             code = (
                 "import json, sys; from pipeline.bench.calibration import _calibrate_in_child as f; "
                 "f(*json.loads(sys.argv[1]))"

@@ -26,6 +26,7 @@ from pipeline.errors import InputError
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.backends.onnxruntime import open_session
 from pipeline.runtime.encoder import Model
+from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 BATCH_SIZES = (1, 8, 32)
 SEQ_LENS = (16, 128, 512)
@@ -120,7 +121,7 @@ def _variants(manifest: dict, real: Path, cache_dir: Path, threads: int, baselin
     process = psutil.Process()
     # No spinning: variants alternate, and a spinning ORT pool would steal the cores of the next variant.
     session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
-    export = cache_dir / "export" / manifest["stages"]["export"]["key"] / "model.onnx"
+    export = cache_dir / "export" / manifest["stages"]["export"]["key"] / GRAPH
     factories = {}
     if baseline == "pytorch":
         checkpoint = checkpoint_from_source(manifest["source"])
@@ -131,20 +132,18 @@ def _variants(manifest: dict, real: Path, cache_dir: Path, threads: int, baselin
         raise InputError(f"unknown baseline {baseline!r}; use 'pytorch' or none")
     graphs = {"onnx-unoptimized": export}
     if "optimize" in manifest["stages"]:
-        graphs["onnx-fp32-optimized"] = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / "model.onnx"
+        graphs["onnx-fp32-optimized"] = cache_dir / "optimize" / manifest["stages"]["optimize"]["key"] / GRAPH
     missing = [name for name, path in graphs.items() if not path.exists()]
     for name, path in graphs.items():
         if path.exists():
             factories[name] = lambda path=path: _session_runner(
-                Model(open_session(path, session), real / "tokenizer.json", manifest["model"])
+                Model(open_session(path, session), real / TOKENIZER, manifest["model"])
             )
     if export.exists() and _has_openvino():
         factories[OPENVINO_DEFAULT] = lambda: _openvino_default(export, manifest["model"]["output"])
     backend = manifest["backend"] if manifest["backend"] != "tensorrt" else "onnxruntime"
     factories[ARTIFACT] = lambda: _session_runner(
-        open_model(
-            real / manifest["graph"], real / "tokenizer.json", manifest["model"], session=session, backend=backend
-        )
+        open_model(real / manifest["graph"], real / TOKENIZER, manifest["model"], session=session, backend=backend)
     )
     runners, loads = {}, {}
     for name, factory in factories.items():

@@ -25,6 +25,7 @@ from pipeline.build.timing import ARTIFACT, PYTORCH, artifact_runner, generation
 from pipeline.errors import InputError
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.load import open_model
+from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 ACCURACY_TEXTS = 32  # held-out texts the accuracy table is measured on (the decoder gate's default prompt count)
 
@@ -195,7 +196,7 @@ def bench_generation(
     # generate at a time, so a pool's spin after its last step overlaps one step of the next variant; that its
     # peers lose nothing by it is measured in docs/benchmarks.md.
     session = {**manifest["session"], "intra_op_threads": threads}
-    model = open_model(real / "model.onnx", real / "tokenizer.json", manifest["model"], session=session)
+    model = open_model(real / GRAPH, real / TOKENIZER, manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}
     runners.update({name: genai_runner(folder, model.tokenizer, threads) for name, folder in (peers or {}).items()})
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")

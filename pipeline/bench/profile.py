@@ -20,6 +20,7 @@ from pipeline.bench.common import bench_folder, host_line, identity
 from pipeline.bench.gemm_limit import SHAPES, gemm_limit
 from pipeline.bench.op_times import CLASSES, onnxruntime_node_times, openvino_node_times
 from pipeline.errors import InputError
+from pipeline.runtime.schema import TOKENIZER
 
 PROFILE_SHAPES = ((1, 128), (32, 128))
 TOP_OPS = 8
@@ -128,7 +129,7 @@ def profile(
     threads = usable_cores()
     session = {**manifest["session"], "intra_op_threads": threads, "allow_spinning": False}
     graph = real / manifest["graph"]
-    model = open_model(graph, real / "tokenizer.json", manifest["model"], session=session, backend=backend)
+    model = open_model(graph, real / TOKENIZER, manifest["model"], session=session, backend=backend)
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     limit = int(manifest["model"]["max_length"])
     profiled = []

@@ -21,6 +21,7 @@ from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Checkpoint
 from pipeline.errors import ExportError
 from pipeline.runtime.artifact import IMAGE_PROCESSOR
+from pipeline.runtime.schema import GRAPH
 
 OPSET = 17
 
@@ -65,7 +66,7 @@ def export_image_model(checkpoint: Checkpoint, out: Path) -> dict:
         torch.onnx.export(
             head,
             (torch.from_numpy(probe),),
-            str(out / "model.onnx"),
+            str(out / GRAPH),
             dynamo=False,
             opset_version=OPSET,
             input_names=["pixel_values"],
@@ -73,7 +74,7 @@ def export_image_model(checkpoint: Checkpoint, out: Path) -> dict:
             dynamic_axes={"pixel_values": {0: "batch"}, task.output: {0: "batch"}},
             do_constant_folding=True,
         )
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(out / GRAPH), providers=["CPUExecutionProvider"])
     got = session.run(None, {"pixel_values": probe})[0]
     diff = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")
     if diff > 1e-3:

@@ -11,11 +11,10 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.artifact import TOKENIZER_NAME
+from pipeline.runtime.schema import GRAPH, INT8_GRAPH, OPENVINO_GRAPH, OPENVINO_WEIGHTS
 
-MODEL_GRAPH = "model.onnx"  # the graph an artifact runs on ONNX Runtime or TensorRT
-OPENVINO_GRAPH = "model.xml"  # the graph of an OpenVINO artifact, with its weights in model.bin
+MODEL_GRAPH = GRAPH
 GRAPHS = (MODEL_GRAPH, OPENVINO_GRAPH)
-INT8_GRAPH = "model.int8.onnx"  # a TensorRT target's int8 Q/DQ graph, published beside its fp16 model.onnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +94,7 @@ class Manifest:
         """The stage that made each graph file this build publishes, by file name: model.onnx (or model.xml and
         model.bin), and model.int8.onnx where one was made."""
         last = self.last_model()
-        records = {name: last for name in (*GRAPHS, "model.bin") if name in last.outputs}
+        records = {name: last for name in (*GRAPHS, OPENVINO_WEIGHTS) if name in last.outputs}
         for record in self.stages:
             if INT8_GRAPH in record.outputs:
                 records[INT8_GRAPH] = record

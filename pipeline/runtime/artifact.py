@@ -13,12 +13,11 @@ import re
 from pathlib import Path
 
 from pipeline.errors import ArtifactError
+from pipeline.runtime.schema import DATA_SUFFIX, IMAGE_PROCESSOR, MANIFEST, REPORT, TOKENIZER
 
-MANIFEST_NAME = "manifest.json"
-REPORT_NAME = "report.json"
-TOKENIZER_NAME = "tokenizer.json"
-IMAGE_PROCESSOR = "preprocessor_config.json"  # an image model's, in place of a tokenizer
-DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
+MANIFEST_NAME = MANIFEST
+REPORT_NAME = REPORT
+TOKENIZER_NAME = TOKENIZER
 MANIFEST_SCHEMA = 2
 _MANIFEST_FIELDS = {
     "manifest_sha256": str,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pipeline.errors import ArtifactError
 from pipeline.runtime.artifact import sha256_file
+from pipeline.runtime.schema import GRAPH
 
 ENGINES_DIR = "engines"
 CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
@@ -57,7 +58,7 @@ def engine_cache_dir(artifact: Path, manifest: dict) -> Path:
 
 def engine_name(compute_capability: str, tensorrt_version: str, profile_hash: str, graph: str) -> str:
     """The file stem of one graph's engine in the cache (model.onnx -> ...-model, model.int8.onnx -> ...-int8)."""
-    stem = "model" if graph == "model.onnx" else graph.removeprefix("model.").removesuffix(".onnx")
+    stem = "model" if graph == GRAPH else graph.removeprefix("model.").removesuffix(".onnx")
     return f"{engine_cache_key(compute_capability, tensorrt_version, profile_hash)}-{stem}"
 
 

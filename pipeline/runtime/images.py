@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.errors import ArtifactError, InputError, PipelineError
 from pipeline.runtime.sampling import is_int, is_number
+from pipeline.runtime.schema import IMAGE_PROCESSOR
 
 # A decompression bomb is a small file whose header claims a huge image: its size is checked before decoding.
 MAX_PIXELS = 50_000_000
@@ -111,7 +112,7 @@ class ImageSpec:
     crop_pct: float | None
 
     @classmethod
-    def from_config(cls, config: Mapping, source: str = "preprocessor_config.json") -> ImageSpec:
+    def from_config(cls, config: Mapping, source: str = IMAGE_PROCESSOR) -> ImageSpec:
         """The spec of a checkpoint's preprocessor_config.json (as a dict), read as its transformers class reads it:
         legacy FeatureExtractor names and bare-int sizes are understood, keys the class does not read are ignored.
         An InputError naming `source`, the key and the fix for a value the class would not take."""

@@ -1,5 +1,6 @@
 """The production loader: verify a published artifact, pick its backend, and open the runtime object for it.
 
+from pipeline.runtime.schema import INT8_GRAPH
 from pipeline.runtime import load
 model = load("artifacts/all-minilm-l6-v2/latest/cpu-avx2")
 vectors = model.run(["a sentence", "another"])
@@ -124,7 +125,7 @@ def load(
     host's GPU architecture and TensorRT version; with `build_engine=True` a missing one is built here first by
     the registered engine builder (see `set_engine_builder`), else it is an ArtifactError naming what was found.
     `"auto"` (the default) does the same but falls back, with an EngineFallbackWarning, to ONNX Runtime (its
-    TensorRT and CUDA providers where onnxruntime-gpu is installed, else the CPU). `graph="model.int8.onnx"` picks
+    TensorRT and CUDA providers where onnxruntime-gpu is installed, else the CPU). `graph=INT8_GRAPH` picks
     the int8 Q/DQ graph of a target that made one.
     """
     root = _check_arguments(path, strict, intra_op_threads, backend, graph)

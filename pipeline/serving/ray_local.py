@@ -42,7 +42,9 @@ def local_ray_environment(env=os.environ) -> None:
     # the mode here would leave a process that imported ray earlier on its cached mode.
     _check_auth_mode(env)
     if not env.get("RAY_AUTH_TOKEN") and not env.get("RAY_AUTH_TOKEN_PATH"):
-        env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        # One token a process: Ray caches the first it loads, so a second instance started by this process must
+        # be given the same one.
+        env["RAY_AUTH_TOKEN"] = _STATE.setdefault("token", secrets.token_hex(32))
         _STATE["token_set"] = True
     env.pop("RAY_ADDRESS", None)
 

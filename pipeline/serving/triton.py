@@ -25,6 +25,7 @@ from pathlib import Path
 from pipeline.errors import ArtifactError, InputError, ServingError
 from pipeline.runtime.artifact import DATA_SUFFIX, MANIFEST_NAME, artifact_holding, sha256_file, verify_artifact
 from pipeline.runtime.engine_cache import cached_engines, engine_cache_dir
+from pipeline.runtime.schema import TOKENIZER
 from pipeline.serving.triton_settings import backend_settings, graph_refusal
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
@@ -177,7 +178,7 @@ def _tokenizer_model(artifact: Path, manifest: dict, name: str, out: Path, pytho
     inputs = manifest["model"]["inputs"]
     io = {"input": _text_input(), "output": [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in inputs]}
     path = _python_model(name, manifest, out, "tokenizer_model.py", python_env, io)
-    shutil.copyfile(artifact / "tokenizer.json", out / name / "1" / "tokenizer.json")
+    shutil.copyfile(artifact / TOKENIZER, out / name / "1" / TOKENIZER)
     (out / name / "1" / "spec.json").write_text(json.dumps(manifest["model"], indent=1, sort_keys=True))
     return path
 

@@ -29,6 +29,7 @@ from pipeline.build.onnx_files import (
 )
 from pipeline.build.passes.packing import matmuls_packed, packable
 from pipeline.errors import ExportError
+from pipeline.runtime.schema import GRAPH
 
 # The weights a structure keeps (norms and biases, not matrices): symbolic shape inference reads every constant input
 # of an Add or Mul, though it only uses the small ones.
@@ -176,7 +177,7 @@ def fused_from_onnx(source: Path, config, out: Path) -> dict:
     import onnxruntime as ort
 
     before = op_counts(source)
-    target_file = out / "model.onnx"
+    target_file = out / GRAPH
     if config.fusions and config.model_type:
         fused, packed, without_weights = _transformer_fused(source, config, target_file)
     else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from pipeline.runtime.schema import GRAPH
+
 # The columns of the search table that only some recipes fill; the others leave them None.
 ROW_COLUMNS = ("bits", "blocks", "block_size")
 
@@ -82,4 +84,4 @@ class Recipe:
 
 def optimized_graph(job: Job) -> Path:
     """The optimize stage's fp32 graph, which the ONNX Runtime recipes start from."""
-    return job.manifest.stage("optimize").output("model.onnx")
+    return job.manifest.stage("optimize").output(GRAPH)

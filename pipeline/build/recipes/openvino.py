@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.build.recipes.base import Built, Job, Recipe
+from pipeline.runtime.schema import GRAPH, OPENVINO_GRAPH
 
 # A candidate's precision as OpenVINO's inference precision hint; others: see `inference_precision`.
 OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
@@ -28,16 +29,16 @@ def plain_export(job: Job):
     """The export stage's plain graph as an OpenVINO model."""
     import openvino as ov
 
-    return ov.convert_model(str(job.manifest.stage("export").output("model.onnx")))
+    return ov.convert_model(str(job.manifest.stage("export").output(GRAPH)))
 
 
 def save_ir(model, job: Job, inference_precision: str | None, fallback: dict | None = None) -> Built:
     """Write `model` as IR (model.xml, model.bin) into `job.work`; it runs at `inference_precision`."""
     import openvino as ov
 
-    ov.save_model(model, str(job.work / "model.xml"), compress_to_fp16=False)
+    ov.save_model(model, str(job.work / OPENVINO_GRAPH), compress_to_fp16=False)
     session = {"inference_precision": inference_precision} if inference_precision else {}
-    return Built(job.work / "model.xml", "openvino", session, fallback)
+    return Built(job.work / OPENVINO_GRAPH, "openvino", session, fallback)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import numpy as np
 from pipeline.build.console import silenced
 from pipeline.build.recipes.base import Built, Job, Recipe
 from pipeline.build.recipes.openvino import inference_precision, plain_export, save_ir
+from pipeline.runtime.schema import GRAPH
 
 RANKING_FEEDS = 16
 
@@ -188,7 +189,7 @@ def split_feeds(job: Job, *splits: str) -> list[list[dict]]:
     """For each of `splits` (keys of `job.texts`), one model feed a text, tokenized as the runtime does."""
     from pipeline.build.manifest import candidate_model
 
-    probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output("model.onnx"))
+    probe = candidate_model(job.manifest, job.target, job.manifest.stage("optimize").output(GRAPH))
     return [[probe.feeds(probe.encode([text])) for text in job.texts[split]] for split in splits]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.build.recipes.base import Built, Job, Recipe, optimized_graph
+from pipeline.runtime.schema import GRAPH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,5 +32,5 @@ class OrtFp32(Recipe):
         from pipeline.build.onnx_files import copy_graph
 
         job.work.mkdir(parents=True)
-        copy_graph(optimized_graph(job), job.work / "model.onnx")
-        return Built(job.work / "model.onnx")
+        copy_graph(optimized_graph(job), job.work / GRAPH)
+        return Built(job.work / GRAPH)

@@ -8,6 +8,7 @@ import dataclasses
 
 from pipeline.build.inputs.targets import Quantize
 from pipeline.build.recipes.base import Built, Job, Recipe, optimized_graph
+from pipeline.runtime.schema import GRAPH
 
 # What the row's `fallback` shows of the quantize stage's metrics.
 FALLBACK_KEYS = ("quantized_nodes", "fp32_nodes", "smoothed_nodes", "smooth_alpha", "smooth_alpha_scan", "met_headroom")
@@ -55,4 +56,4 @@ class OrtInt8(Recipe):
             strict=False,
             could_win=job.could_win,
         )
-        return Built(job.work / "model.onnx", fallback={k: metrics[k] for k in FALLBACK_KEYS})
+        return Built(job.work / GRAPH, fallback={k: metrics[k] for k in FALLBACK_KEYS})

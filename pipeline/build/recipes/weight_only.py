@@ -9,6 +9,7 @@ import dataclasses
 
 from pipeline.build.inputs.targets import Quantize
 from pipeline.build.recipes.base import Built, Job, Recipe, optimized_graph
+from pipeline.runtime.schema import GRAPH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +60,8 @@ class WeightOnly(Recipe):
             accuracy_level=config.accuracy_level,
             head_bits=config.head_bits,
         )
-        quantize_weight_only(optimized_graph(job), job.work / "model.onnx", settings, wide=job.wide)
-        return Built(job.work / "model.onnx")
+        quantize_weight_only(optimized_graph(job), job.work / GRAPH, settings, wide=job.wide)
+        return Built(job.work / GRAPH)
 
     def row(self, candidate) -> dict:
         """The candidate's bits, blocks and block size."""

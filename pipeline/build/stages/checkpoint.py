@@ -19,6 +19,7 @@ from pipeline.build.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.errors import InputError, PipelineError
 from pipeline.runtime.artifact import IMAGE_PROCESSOR, sha256_file
 from pipeline.runtime.images import ImageSpec
+from pipeline.runtime.schema import TOKENIZER
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -26,7 +27,7 @@ WEIGHT_FILES = (
     "model.safetensors.index.json",
     "pytorch_model.bin.index.json",
 )
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (TOKENIZER, "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 # Files that describe the model; docs and VCS files do not change what is built.
 IGNORED = {"README.md", ".gitattributes", "data_config.json"}
 # sentence-transformers module types, by their names before and since sentence-transformers 5.
@@ -280,8 +281,8 @@ def _check_input_files(folder: Path, modality: str) -> None:
         return
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
-    if (folder / "tokenizer.json").is_file():
-        check_tokenizer_patterns(_json(folder / "tokenizer.json"), folder / "tokenizer.json")
+    if (folder / TOKENIZER).is_file():
+        check_tokenizer_patterns(_json(folder / TOKENIZER), folder / TOKENIZER)
 
 
 def _kind(thing) -> str:  # a task's or an architecture's family, with its modality where not text

@@ -34,6 +34,7 @@ from pipeline.runtime.artifact import artifact_graphs, canonical_json, verify_ar
 from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, find_engine, runs_on, write_engine
 from pipeline.runtime.host import gpu_host
 from pipeline.runtime.load import open_model, set_engine_builder
+from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 VERSION = 1
 
@@ -181,7 +182,7 @@ def _build_engines(manifest: Manifest, target: Target, profile: dict, host: dict
         stats = validate_engine(
             out / f"{name}.plan",
             path,
-            export.output("tokenizer.json"),
+            export.output(TOKENIZER),
             runtime_spec(manifest, target),
             texts,
             reference,
@@ -288,7 +289,7 @@ def _record(published: dict, graph: str, host: dict, profile: dict, validation: 
     }
 
 
-def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data: str | Path | None = None) -> Path:
+def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | Path | None = None) -> Path:
     """Build one graph's engine of a published artifact on this GPU host, into its engine cache, validated against
     the artifact's graph on ONNX Runtime's CPU provider; returns the engine's path (an existing one is reused)."""
     artifact = Path(artifact).resolve()  # once: the graph built from is the graph verified
@@ -316,13 +317,13 @@ def build_artifact_engine(artifact: str | Path, graph: str = "model.onnx", data:
     try:
         metric = TASKS[published["model"]["task"]].metric
         batch = published["model"]["batch_size"]
-        reference_model = open_model(artifact / graph, artifact / "tokenizer.json", published["model"])
+        reference_model = open_model(artifact / graph, artifact / TOKENIZER, published["model"])
         reference = outputs(reference_model, texts, metric, batch)
         accuracy = Accuracy(**published["target_spec"]["accuracy"])
         stats = validate_engine(
             scratch,
             artifact / graph,
-            artifact / "tokenizer.json",
+            artifact / TOKENIZER,
             published["model"],
             texts,
             reference,

@@ -38,6 +38,7 @@ from pipeline.build.memory import release_freed
 from pipeline.build.onnx_files import load_graph, save_graph
 from pipeline.build.passes.lm_head import last_token_logits
 from pipeline.errors import ExportError, PipelineError
+from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 OPSET = 17
 VERSION = 10
@@ -245,14 +246,14 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
             raise _failed(what, err) from None
     release_freed()  # optimum's copy of the model, before this stage loads its own
     model = load_torch_model(checkpoint)
-    graph = load_graph(scratch / "model.onnx")
+    graph = load_graph(scratch / GRAPH)
     sliced = last_token_logits(graph)
     attention = _fused_attention(graph, model, arch, checkpoint.max_length)
-    save_graph(graph, out / "model.onnx", consume=True)  # the stage reads the file from here on
+    save_graph(graph, out / GRAPH, consume=True)  # the stage reads the file from here on
     del graph
     release_freed()  # the graph's weights, before ONNX Runtime loads them again beside the PyTorch model
     shutil.rmtree(scratch)
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(out / GRAPH), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     past = [n for n in names if n.startswith("past_key_values.")]
     present = [o.name for o in session.get_outputs()][1:]
@@ -263,7 +264,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
     if diff > 1e-3:
         raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
-    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     inputs = [n for n in names if n not in past]
     spec = runtime_spec(checkpoint, tokenizer, inputs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (generation["eos_token_ids"] or [0])[0]
@@ -317,7 +318,7 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
             torch.onnx.export(
                 wrapper,
                 args,
-                str(out / "model.onnx"),
+                str(out / GRAPH),
                 dynamo=False,
                 opset_version=OPSET,
                 input_names=offered,
@@ -328,7 +329,7 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
         except Exception as err:  # torch raises many types while tracing; all mean the same to the user
             what = f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task}"
             raise _failed(what, err) from None
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(out / GRAPH), providers=["CPUExecutionProvider"])
     try:
         input_names = graph_inputs(session, offered)
     except ValueError as err:
@@ -340,7 +341,7 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
     if diff > 1e-3:
         raise ExportError(f"the exported graph differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
-    tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     spec = runtime_spec(checkpoint, tokenizer, input_names)
     return {"spec": spec, "probe_max_abs_diff": diff, "dropped_inputs": [n for n in offered if n not in input_names]}
 

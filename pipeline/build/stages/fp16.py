@@ -8,6 +8,7 @@ from pipeline.build.cache import StageSpec, run_cached
 from pipeline.build.inputs.targets import Target
 from pipeline.build.manifest import Manifest
 from pipeline.build.passes.fp16 import KEEP_FP32, fp16_from_fp32
+from pipeline.runtime.schema import GRAPH
 
 VERSION = 1
 
@@ -34,6 +35,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         STAGE,
         config,
         {"graph": source.key},
-        lambda out: fp16_from_fp32(source.output("model.onnx"), out / "model.onnx"),
+        lambda out: fp16_from_fp32(source.output(GRAPH), out / GRAPH),
     )
     return manifest.with_stage(record)

@@ -11,6 +11,7 @@ from pipeline.build.inputs.architectures import architecture_of
 from pipeline.build.inputs.targets import Target
 from pipeline.build.manifest import Manifest
 from pipeline.build.passes.fusions import fused_from_onnx
+from pipeline.runtime.schema import GRAPH
 
 VERSION = 4
 
@@ -49,6 +50,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         STAGE,
         config,
         {"export": source.key},
-        lambda out: fused_from_onnx(source.output("model.onnx"), config, out),
+        lambda out: fused_from_onnx(source.output(GRAPH), config, out),
     )
     return manifest.with_stage(record)

@@ -46,6 +46,7 @@ from pipeline.runtime.artifact import (
     verify_artifact,
 )
 from pipeline.runtime.host import describe_host, kernel_class
+from pipeline.runtime.schema import REPORT
 
 PACKAGES = (
     "torch",
@@ -79,7 +80,7 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     host's tuned session or timings: identical files built on another host are the same version."""
     chosen = manifest.chosen()
     return {
-        "files": {k: v for k, v in files.items() if k != "report.json"},
+        "files": {k: v for k, v in files.items() if k != REPORT},
         "graph": chosen["graph"],
         "backend": "tensorrt" if target.engine == "tensorrt" else chosen["backend"],
         "precision": chosen["precision"] or target.precision,
@@ -183,8 +184,8 @@ def _write_staging(
         "build_speed": build_speed(manifest),
         "stages": _report(manifest),
     }
-    (staging / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
-    files["report.json"] = sha256_file(staging / "report.json")
+    (staging / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    files[REPORT] = sha256_file(staging / REPORT)
     published = {
         "schema": MANIFEST_SCHEMA,
         "model_name": manifest.model_name,

@@ -47,6 +47,7 @@ from pipeline.build.passes.weight_only import quantize_weight_only
 from pipeline.build.stages.fallback import Judge, fewest_passing, sensitivity_ranked
 from pipeline.build.timing import NO_SPINNING, latency
 from pipeline.errors import AccuracyError, TargetError
+from pipeline.runtime.schema import GRAPH
 
 VERSION = 9  # 9: image encoders (no padding mask to leave out of the ranges)
 
@@ -264,7 +265,7 @@ def int8_with_fallback(
         )
     for row in candidates:
         row["chosen"] = row["fp32_nodes"] == len(excluded)
-    move_graph(chosen, out / "model.onnx")
+    move_graph(chosen, out / GRAPH)
     shutil.rmtree(work)
     static = settings.mode == "static"
     return {
@@ -315,9 +316,9 @@ def quantize_stage(manifest: Manifest, target: Target, stage: StageSpec, setting
     )
 
     def produce(out: Path) -> dict:
-        graph = source.output("model.onnx")
+        graph = source.output(GRAPH)
         metrics = int8_with_fallback(manifest, target, settings, calibration, graph, out, development)
-        move_graph(out / "model.onnx", out / output)
+        move_graph(out / GRAPH, out / output)
         return {**metrics, "development_filled": filled_examples(texts, development)}
 
     record = run_cached(manifest.cache_dir, stage, config, {"graph": source.key}, produce)
@@ -328,7 +329,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Quantize the optimized graph as the target asks (`mode = "none"` leaves it in fp32)."""
     if target.quantize.mode == "none" or manifest.last_model().name == "search":
         return manifest
-    return quantize_stage(manifest, target, STAGE, target.quantize, manifest.last_model(), "model.onnx")
+    return quantize_stage(manifest, target, STAGE, target.quantize, manifest.last_model(), GRAPH)
 
 
 def qdq_settings(target: Target):

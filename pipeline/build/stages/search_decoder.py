@@ -41,6 +41,7 @@ from pipeline.build.recipes import Job, recipe_for
 from pipeline.build.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.build.timing import median_range, relative_spread
 from pipeline.runtime.kv_cache import Decoding
+from pipeline.runtime.schema import GRAPH
 
 PROMPT = 128
 DECODE_STEPS = 16
@@ -145,7 +146,7 @@ def _bisect(manifest, target, candidate, direction: str, split: tuple, gate, wor
     stats)): the fewest leading or trailing layers (`direction`) its recipe keeps at head_bits with which it
     passes, one measurement of the development split a try. Returns the passing try's (built, model, stats) and
     every try, or `missed` where even all layers wide miss."""
-    layers = _layers(manifest.stage("optimize").output("model.onnx"))
+    layers = _layers(manifest.stage("optimize").output(GRAPH))
     if direction == "trailing":
         layers.reverse()
     recipe = recipe_for(candidate)

@@ -30,6 +30,7 @@ from pipeline.build.shape_buckets import bucket_plan, request_stream, token_leng
 from pipeline.build.timing import alternate, relative_scores
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
+from pipeline.runtime.schema import TOKENIZER
 from pipeline.runtime.streams import SPLIT_MIN_ROWS
 
 VERSION = 4
@@ -176,7 +177,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     decoder = manifest.checkpoint.task == "text-generation"
     plan = None
     if not decoder and TASKS[manifest.checkpoint.task].modality == "text":  # pictures come in one shape
-        tokenizer = manifest.stage("export").output("tokenizer.json")
+        tokenizer = manifest.stage("export").output(TOKENIZER)
         lengths = token_lengths(tokenizer, read_texts(manifest.calibration_path, "calibration"))
         plan = tuple(bucket_plan(lengths, int(runtime_spec(manifest, target)["max_length"])))
     config = TuneConfig(

@@ -12,13 +12,14 @@ import triton_python_backend_utils as pb_utils
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.encoder import EncoderInputs
+from pipeline.runtime.schema import TOKENIZER
 
 
 class TritonPythonModel:
     def initialize(self, args):
         here = Path(__file__).resolve().parent
         spec = json.loads((here / "spec.json").read_text())
-        self.inputs = EncoderInputs(here / "tokenizer.json", spec, spec["inputs"])
+        self.inputs = EncoderInputs(here / TOKENIZER, spec, spec["inputs"])
 
     def execute(self, requests):
         responses = []
