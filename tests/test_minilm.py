@@ -65,13 +65,16 @@ def test_minilm_avx512_target_builds_here_and_warns_without_avx512(minilm_build)
 
 
 def test_minilm_static_int8_from_60_short_user_sentences_passes_on_held_out_text(minilm_build):
-    # Minmax ranges from 45 short sentences (15 more judge the fallback) clip what longer held-out text reaches;
-    # the target widens them (range_margin), so the artifact the development split passes also passes held out.
+    # Minmax ranges from 45 short sentences clip what longer held-out text reaches; the target widens them
+    # (range_margin), and the fallback is judged on more than the file's 15 development sentences, so the artifact
+    # the development split passes also passes held out.
     _, dirs = minilm_build
     calibration = Path(__file__).parent / "data" / "calibration-60.txt"
     manifest = build(target="cpu-avx2-static", calibration=calibration, **dirs)
     quantize = manifest.stage("quantize").metrics
-    assert (quantize["calibration_examples"], quantize["development_examples"]) == (45, 15)
+    # 15 of the user's sentences judge the fallback, with 49 of the repository's own beside them (64 in all).
+    assert (quantize["calibration_examples"], quantize["development_examples"]) == (45, 64)
+    assert quantize["development_filled"] == 49
     assert quantize["quantized_nodes"] > 0
     validation = manifest.stage("validate").metrics
     assert validation["cosine_min"] >= 0.99 and all(row["passed"] for row in validation["verdict"])
