@@ -116,7 +116,7 @@ def model_name_for(source: Path) -> str:
 def _check_outside_checkpoint(folder: Path, source: Path, option: str) -> None:
     """Refuse an output folder inside the checkpoint folder: each build's output would change the checkpoint's
     digest, so no build would reuse another's stages and validate would refuse every earlier version."""
-    if folder.resolve() == source.resolve() or folder.resolve().is_relative_to(source.resolve()):
+    if folder.resolve().is_relative_to(source.resolve()):  # the folder itself included
         raise InputError(
             f"{option} {folder} lies inside the checkpoint folder {source}; what a build writes there would change "
             f"the checkpoint it builds. Pass a folder outside {source}"

@@ -127,7 +127,7 @@ def development_split(texts: list, manifest: Manifest | None = None, target: Tar
 
 def filled_examples(texts: list, development: list) -> int:
     """How many of `development`'s examples came from the repository's text rather than the user's `texts`."""
-    return len(development) - (len(texts) // 4 if len(texts) >= 2 else len(texts))
+    return len(development) - len(development_split(texts)[1])
 
 
 def _repository_development(manifest: Manifest, target: Target, texts: list, count: int) -> list:

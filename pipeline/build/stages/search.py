@@ -250,9 +250,10 @@ def held_out_texts(manifest: Manifest, target: Target) -> list:
     return examples(read_texts(manifest.validation_path, "validation"), manifest.checkpoint.task, target.generation)
 
 
-def search(manifest: Manifest, target: Target, texts: list, out: Path) -> dict:
-    """Build, score and time every candidate; write the winner's files into `out`; returns the table."""
-    calibration, development = development_split(texts, manifest, target)
+def search(manifest: Manifest, target: Target, texts: list, split: tuple[list, list], out: Path) -> dict:
+    """Build, score and time every candidate (calibrated on `texts`' `split`: calibration, development); write the
+    winner's files into `out`; returns the table."""
+    calibration, development = split
     split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
     searcher = search_decoders if family(manifest) == "decoder" else _search_encoders
@@ -286,6 +287,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     if not applies(manifest, target):
         return manifest
     texts = calibration_texts(manifest, target, target.quantize)
+    split = development_split(texts, manifest, target)  # read once: its filling reads two data files
     config = SearchConfig(
         candidates=tuple(dataclasses.asdict(c) for c in target.family_candidates(family(manifest))),
         quantize=dataclasses.asdict(target.quantize),
@@ -293,11 +295,13 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         batch_size=target.shapes.batch_size,
         sequence=SEQUENCE,
         calibration=texts_digest(texts),
-        development=texts_digest(development_split(texts, manifest, target)[1]),
+        development=texts_digest(split[1]),
         held_out=texts_digest(held_out_texts(manifest, target)),
         session=session_of(target),
         generation=target.to_dict()["generation"] if family(manifest) == "decoder" else None,
     )
     inputs = {"export": manifest.stage("export").key, "optimize": manifest.stage("optimize").key}
-    record = run_cached(manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, out))
+    record = run_cached(
+        manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, split, out)
+    )
     return manifest.with_stage(record)
