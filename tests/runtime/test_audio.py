@@ -29,7 +29,7 @@ FEATURE_TOLERANCE = 1e-4
 def speech() -> np.ndarray:
     """About 12 s of English speech, 16 kHz."""
     pytest.importorskip("espeakng_loader", reason="synthesized speech needs espeakng-loader")
-    from tools.speech import synthesize
+    from pipeline.build.inputs.speech import synthesize
 
     return np.concatenate([synthesize(sentence) for sentence in SENTENCES])
 
@@ -163,7 +163,7 @@ def test_read_wav_returns_the_samples_when_pcm_of_any_width(width, tmp_path):
 
 
 def test_read_wav_round_trips_speech_when_bytes(speech):
-    from tools.speech import write_wav
+    from pipeline.build.inputs.speech import write_wav
 
     buffer = io.BytesIO()
     write_wav(buffer, speech)

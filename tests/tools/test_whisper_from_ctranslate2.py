@@ -48,7 +48,7 @@ def test_whisper_from_ctranslate2_transcribes_synthesized_speech_with_transforme
     pytest.importorskip("espeakng_loader", reason="synthesized speech needs espeakng-loader")
     import torch
 
-    from tools.speech import synthesize
+    from pipeline.build.inputs.speech import synthesize
 
     processor, model = transformers_whisper
     audio = [synthesize(sentence) for sentence in SENTENCES]

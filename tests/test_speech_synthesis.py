@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("espeakng_loader", reason="speech synthesis needs the espeakng-loader wheel")
 
+from pipeline.build.inputs.speech import synthesize, write_wav  # noqa: E402
 from pipeline.runtime.audio import SAMPLE_RATE, read_wav  # noqa: E402
-from tools.speech import synthesize, write_wav  # noqa: E402
 
 SENTENCE = "The children are playing in the garden behind the house."
 

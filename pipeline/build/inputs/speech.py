@@ -8,7 +8,7 @@ espeak_Terminate + espeak_Initialize nor seeding its random generators resets: i
 out 63126, 63140, 63123 and 63135 samples long on successive calls. A fresh process per call (about 35 ms) is what
 makes `synthesize` deterministic, and keeps the library's globals out of the caller.
 
-    python -m tools.speech OUT.wav "Some English sentence."
+    python -m pipeline.build.inputs.speech OUT.wav "Some English sentence."
 """
 
 from __future__ import annotations
@@ -127,5 +127,5 @@ if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == CHILD_FLAG:
         sys.exit(_espeak_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
     if len(sys.argv) != 3:
-        sys.exit('usage: python -m tools.speech OUT.wav "text to speak"')
+        sys.exit('usage: python -m pipeline.build.inputs.speech OUT.wav "text to speak"')
     print(write_wav(sys.argv[1], synthesize(sys.argv[2])))
