@@ -114,7 +114,10 @@ def test_check_names_the_image_task_and_refuses_a_folder_without_an_image_proces
 def test_build_refuses_text_data_for_an_image_model_in_one_line(image_builds, texts_file, tmp_path):
     folder = image_builds["vit"][0]
     dirs = {"artifacts_dir": tmp_path / "a", "cache_dir": tmp_path / "c"}
-    with pytest.raises(InputError, match="holds text, and tiny-vit is an image model; pass a folder of image files"):
+    with pytest.raises(
+        InputError,
+        match="holds other examples than image files, and tiny-vit is an image model; pass a folder of image files",
+    ):
         build(folder, "cpu-fp32", validation=texts_file, **dirs)
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").rglob("manifest.json"))
 

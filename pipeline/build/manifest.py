@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.artifact import TOKENIZER_NAME
-from pipeline.runtime.schema import GRAPH, INT8_GRAPH, OPENVINO_GRAPH, OPENVINO_WEIGHTS
+from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH, GRAPH, INT8_GRAPH, OPENVINO_GRAPH, OPENVINO_WEIGHTS
 
 MODEL_GRAPH = GRAPH
-GRAPHS = (MODEL_GRAPH, OPENVINO_GRAPH)
+GRAPHS = (MODEL_GRAPH, OPENVINO_GRAPH, ENCODER_GRAPH)  # the graph an artifact is opened by
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Manifest:
         """The stage that made each graph file this build publishes, by file name: model.onnx (or model.xml and
         model.bin), and model.int8.onnx where one was made."""
         last = self.last_model()
-        records = {name: last for name in (*GRAPHS, OPENVINO_WEIGHTS) if name in last.outputs}
+        records = {name: last for name in (*GRAPHS, OPENVINO_WEIGHTS, DECODER_GRAPH) if name in last.outputs}
         for record in self.stages:
             if INT8_GRAPH in record.outputs:
                 records[INT8_GRAPH] = record

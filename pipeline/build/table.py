@@ -18,14 +18,17 @@ from pipeline.build import faults
 from pipeline.build.cache import leases
 from pipeline.build.inputs.architectures import architecture_of
 from pipeline.build.inputs.data import (
+    AUDIO_SUFFIXES,
     DEFAULT_CALIBRATION,
     DEFAULT_VALIDATION,
+    IMAGE_SUFFIXES,
     check_calibration,
     check_held_out,
     is_image_file,
     read_texts,
 )
 from pipeline.build.inputs.image_data import default_image_data
+from pipeline.build.inputs.speech_data import default_speech_data
 from pipeline.build.inputs.targets import TARGETS_DIR
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Manifest
@@ -72,6 +75,12 @@ def _check_candidates(spec, family: str) -> None:
 
     flags = cpu_flags() or frozenset()
     candidates = spec.family_candidates(family)
+    if family == "speech" and not candidates:
+        having = sorted(p.stem for p in TARGETS_DIR.glob("*.toml") if 'family = "speech"' in p.read_text())
+        raise TargetError(
+            f"target {spec.name} lists no [[candidates]] for speech models, which are built by the engine search "
+            f"only; build for one that does ({', '.join(having) or 'none'}), or add speech candidates to it"
+        )
     missing = [sorted(set(c.required_cpu_flags) - flags) for c in candidates]
     if candidates and all(missing):
         needed = sorted({f for m in missing for f in m})
@@ -82,26 +91,36 @@ def _check_candidates(spec, family: str) -> None:
         )
 
 
-def _image_data(manifest: Manifest, spec) -> Manifest:
-    """An image model's data: the default images in place of the default text, and folders of images only."""
-    if TASKS[manifest.checkpoint.task].modality != "image":
+# What a non-text model's data is: its default held-out and calibration sets, and the files a data folder holds.
+_MEDIA = {
+    "image": (default_image_data, IMAGE_SUFFIXES, "an image model", "image files"),
+    "audio": (default_speech_data, AUDIO_SUFFIXES, "a speech model", "16 kHz WAV files"),
+}
+
+
+def _media_data(manifest: Manifest, spec) -> Manifest:
+    """An image or speech model's data: the default pictures or speech in place of the default text, and folders
+    of such files only."""
+    modality = TASKS[manifest.checkpoint.task].modality
+    if modality not in _MEDIA:
         return manifest
+    make_default, suffixes, kind, files = _MEDIA[modality]
     validation, calibration = manifest.validation_path, manifest.calibration_path
     if Path(validation) == DEFAULT_VALIDATION or Path(calibration) == DEFAULT_CALIBRATION:
-        images = default_image_data(manifest.cache_dir)
-        validation = str(images[0]) if Path(validation) == DEFAULT_VALIDATION else validation
-        calibration = str(images[1]) if Path(calibration) == DEFAULT_CALIBRATION else calibration
+        defaults = make_default(manifest.cache_dir)
+        validation = str(defaults[0]) if Path(validation) == DEFAULT_VALIDATION else validation
+        calibration = str(defaults[1]) if Path(calibration) == DEFAULT_CALIBRATION else calibration
     for option, path in (("--validation", validation), ("--calibration", calibration)):
         texts = read_texts(path, option.removeprefix("--"))
-        if not all(is_image_file(t) for t in texts):
+        if not all(is_image_file(t, suffixes) for t in texts):
             raise InputError(
-                f"{option} {path} holds text, and {manifest.model_name} is an image model; pass a folder of image "
-                "files (or leave the option out for the default images)"
+                f"{option} {path} holds other examples than {files}, and {manifest.model_name} is {kind}; pass a "
+                f"folder of {files} (or leave the option out for the default ones)"
             )
-    held_out, calibration_images = read_texts(validation, "validation"), read_texts(calibration, "calibration")
+    held_out, calibration_examples = read_texts(validation, "validation"), read_texts(calibration, "calibration")
     if spec.calibrates:
-        check_calibration(calibration_images, calibration, spec.quantize.calibration_examples)
-    check_held_out(held_out, calibration_images, validation, calibration)
+        check_calibration(calibration_examples, calibration, spec.quantize.calibration_examples)
+    check_held_out(held_out, calibration_examples, validation, calibration)
     return dataclasses.replace(manifest, validation_path=validation, calibration_path=calibration)
 
 
@@ -178,7 +197,7 @@ def build(
             manifest = stage(manifest, spec)
             if stage_name == "checkpoint":  # a cheap stage: the checks that need the model's family come next
                 _check_candidates(spec, architecture_of(manifest.checkpoint).family)
-                manifest = _image_data(manifest, spec)
+                manifest = _media_data(manifest, spec)
             if stage_name == "search":  # the chosen candidate's thresholds hold from here on
                 spec = search.chosen_target(manifest, spec)
             if on_stage and len(manifest.stages) > count:

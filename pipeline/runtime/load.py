@@ -52,6 +52,10 @@ def open_model(
         from pipeline.runtime.generation import Generator
 
         return Generator(graph_path, tokenizer_path, spec, providers, session)
+    if spec["task"] == "automatic-speech-recognition":
+        from pipeline.runtime.speech import open_speech_model
+
+        return open_speech_model(graph_path, tokenizer_path, spec, providers, session, backend)
     if engine is not None:
         from pipeline.runtime.backends.tensorrt import TensorRTSession
 

@@ -18,3 +18,5 @@ INT8_GRAPH = "model.int8.onnx"
 OPENVINO_GRAPH = "model.xml"
 OPENVINO_WEIGHTS = "model.bin"
 DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
+ENCODER_GRAPH = "encoder.onnx"  # a speech model's audio encoder (it also computes the cross-attention cache)
+DECODER_GRAPH = "decoder.onnx"  # a speech model's text decoder, one step with its self-attention cache

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.build.onnx_files import graph_files
 from pipeline.runtime.artifact import sha256_file
+from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH
 
 # Session settings that change how fast a run is, never what it computes.
 _TIMING_ONLY = frozenset({"allow_spinning"})
@@ -32,6 +33,8 @@ def measurement_key(manifest, target, graph: Path, backend: str, session: dict, 
     digest = hashlib.sha256()
     graph = Path(graph)
     files = graph_files(graph) if graph.suffix == ".onnx" else [graph, graph.with_suffix(".bin")]
+    if graph.name == ENCODER_GRAPH:  # a speech model runs the decoder beside it
+        files += graph_files(graph.parent / DECODER_GRAPH)
     for file in files:
         digest.update(f"{file.name}:{sha256_file(file)}\n".encode())
     settings = {k: v for k, v in {**session_of(target), **session}.items() if k not in _TIMING_ONLY}

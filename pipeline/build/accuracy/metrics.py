@@ -27,6 +27,7 @@ CHECKS = {
     "greedy_prefix_agreement": ("greedy_prefix_agreement", True),
     "teacher_top1_agreement": ("teacher_top1_agreement", True),
     "perplexity_ratio": ("perplexity_ratio", False),
+    "word_error_rate": ("word_error_rate", False),
 }
 # stats[NOT_MEASURED]: {metric: why it could not be measured}, for the statistics a comparison owes but could not give.
 NOT_MEASURED = "not_measured"
@@ -142,6 +143,10 @@ def compare(metric: str, reference, candidate) -> dict:
         return stats
     if metric == "span":
         return _span_stats(reference, candidate)
+    if metric == "transcription":
+        from pipeline.build.speech.gate import speech_stats
+
+        return speech_stats(reference, candidate)
     if metric == "token-classification":
         reference, candidate = np.concatenate(reference), np.concatenate(candidate)
     reference = np.asarray(reference, dtype=np.float64)
@@ -295,6 +300,10 @@ def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: i
     held-out continuations. Fill-mask models give their logits at the masked positions (see `masked_row`)."""
     if metric == "fill-mask":
         return model.mask_logits(texts, batch_size=batch_size)
+    if metric == "transcription":
+        from pipeline.build.speech.gate import speech_outputs
+
+        return speech_outputs(model, texts, batch_size, teacher)
     if metric != "generation":
         return model.run(texts, batch_size=batch_size)
     completions = model.generate(texts, batch_size=batch_size, max_new_tokens=new_tokens, do_sample=False)
@@ -310,7 +319,7 @@ def measure(
     """Statistics of the model at batch size 1 and at `batch_size`, the worse of each; for embeddings also how far
     one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch).
     `batched_teacher`: the model's `teacher_outputs` at `batch_size`, where the caller has them already."""
-    teacher = reference.get("teacher") if metric == "generation" else None
+    teacher = reference.get("teacher") if metric == "generation" else reference if metric == "transcription" else None
     known = bool(teacher) and batched_teacher is not None
     single = outputs(model, texts, metric, 1, new_tokens, teacher)
     batched = outputs(model, texts, metric, batch_size, new_tokens, None if known else teacher)

@@ -247,6 +247,10 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
     once (callers must not modify the result)."""
     if checkpoint.task == "text-generation":
         return generation_reference(checkpoint, texts, new_tokens)
+    if checkpoint.task == "automatic-speech-recognition":
+        from pipeline.build.speech.gate import speech_reference
+
+        return _remembered(_request(checkpoint, texts, new_tokens), lambda: speech_reference(checkpoint, texts))
     return _remembered(_request(checkpoint, texts, new_tokens), lambda: _pytorch_outputs(checkpoint, texts))
 
 

@@ -23,6 +23,7 @@ MAX_BYTES = 256 * 1024 * 1024
 # holds 2, the fewest on which every statistic is measured (an embedding's nearest-neighbour agreement needs two).
 MIN_CALIBRATION = 8
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+AUDIO_SUFFIXES = (".wav",)
 MAX_IMAGES = 10_000  # a data folder's images; more is a sample's work
 
 
@@ -68,7 +69,7 @@ def read_texts(path: str | Path, purpose: str) -> list[str]:
     images = []
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl") and p.is_file())
-        images = sorted(str(p.resolve()) for p in path.iterdir() if is_image_file(p))[:MAX_IMAGES]
+        images = sorted(str(p.resolve()) for p in path.iterdir() if is_media_file(p))[:MAX_IMAGES]
     elif path.is_file():
         files = [path]
     else:
@@ -81,16 +82,22 @@ def read_texts(path: str | Path, purpose: str) -> list[str]:
     return texts
 
 
-def is_image_file(path) -> bool:
-    """Whether `path` names an image file an image model's data may hold (a plain file with an image suffix)."""
+def is_image_file(path, suffixes: tuple = IMAGE_SUFFIXES) -> bool:
+    """Whether `path` names an image file an image model's data may hold (a plain file with an image suffix), or
+    with `suffixes` given, a file of those (AUDIO_SUFFIXES: a speech model's)."""
     path = Path(path)
-    return path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and not path.is_symlink()
+    return path.suffix.lower() in suffixes and path.is_file() and not path.is_symlink()
+
+
+def is_media_file(path) -> bool:
+    """Whether `path` names an image or audio file: an example of an image or speech model's data."""
+    return is_image_file(path, IMAGE_SUFFIXES + AUDIO_SUFFIXES)
 
 
 def _content(example):
     """An example as a digest sees it: an image file by its bytes' sha256 (the same picture elsewhere is the same
     example, and a changed one is another), text as it is."""
-    if isinstance(example, str) and Path(example).is_absolute() and is_image_file(example):
+    if isinstance(example, str) and Path(example).is_absolute() and is_media_file(example):
         return "sha256:" + hashlib.sha256(Path(example).read_bytes()).hexdigest()
     return example
 

@@ -18,10 +18,10 @@ class Task:
     auto_class: str
     output: str
     metric: str  # "embedding" | "classification" | "token-classification" | "fill-mask" | "span" | "generation"
-    family: str  # the architecture family that can serve it: "encoder" | "decoder"
+    family: str  # the architecture family that can serve it: "encoder" | "decoder" | "speech"
     per_token: bool = False
     labelled: bool = False
-    modality: str = "text"  # what the model takes: "text" (a tokenizer) or "image" (an image processor)
+    modality: str = "text"  # what the model takes: "text" (a tokenizer), "image" or "audio" (a processor's settings)
 
 
 TASKS = {
@@ -61,6 +61,15 @@ TASKS = {
             labelled=True,
             modality="image",
         ),
+        # Speech recognition: an audio encoder and a text decoder (Whisper), judged on the words it writes.
+        Task(
+            "automatic-speech-recognition",
+            "AutoModelForSpeechSeq2Seq",
+            "logits",
+            "transcription",
+            "speech",
+            modality="audio",
+        ),
     )
 }
 
@@ -77,4 +86,9 @@ TASK_FROM_HEAD = {
 }
 
 # The task of a checkpoint that names no head: what its family is built for.
-DEFAULT_TASK = {"encoder": "feature-extraction", "decoder": "text-generation", "image": "image-feature-extraction"}
+DEFAULT_TASK = {
+    "encoder": "feature-extraction",
+    "decoder": "text-generation",
+    "image": "image-feature-extraction",
+    "speech": "automatic-speech-recognition",
+}

@@ -25,7 +25,7 @@ class OrtInt8(Recipe):
     """int8 in `mode` ("dynamic": activations quantized at run time; "static": ranges calibrated on text)."""
 
     engine = "onnxruntime"
-    families = ("encoder",)
+    families = ("encoder", "speech")  # speech: dynamic only, both graphs, by pipeline/build/speech/search.py
     precisions = ("int8",)
     Config = OrtInt8Config
     fallback = True

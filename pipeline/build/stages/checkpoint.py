@@ -16,6 +16,7 @@ from pipeline.build.inputs.targets import Target
 from pipeline.build.inputs.tasks import DEFAULT_TASK, TASK_FROM_HEAD, TASKS
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint, Manifest, StageRecord
+from pipeline.build.speech.settings import check_feature_extractor
 from pipeline.errors import InputError, PipelineError
 from pipeline.runtime.artifact import IMAGE_PROCESSOR, sha256_file
 from pipeline.runtime.images import ImageSpec
@@ -266,7 +267,10 @@ def _rope_switch(config: dict, folder: Path) -> int:
 
 
 def _check_input_files(folder: Path, modality: str) -> None:
-    """The files that turn input into the graph's tensors: a tokenizer for text, an image processor for images."""
+    """The files that turn input into the graph's tensors: a tokenizer for text, an image processor for images, a
+    feature extractor and a tokenizer for speech."""
+    if modality == "audio":
+        check_feature_extractor(folder)
     if modality == "image":
         path = folder / IMAGE_PROCESSOR
         if not path.is_file():
@@ -340,7 +344,9 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         task=task,
         config=config,
         pooling=pooling if task == "feature-extraction" else None,
-        max_length=_max_length(folder, config, arch.position_offset, target) if arch.modality == "text" else 1,
+        max_length=_max_length(folder, config, arch.position_offset, target)
+        if arch.modality == "text"
+        else _count(config.get("max_target_positions", 1), f"{config_file}: max_target_positions"),
     )
     record = StageRecord(
         name="checkpoint",

@@ -37,6 +37,7 @@ from pipeline.build.manifest import Checkpoint, Manifest
 from pipeline.build.memory import release_freed
 from pipeline.build.onnx_files import load_graph, save_graph
 from pipeline.build.passes.lm_head import last_token_logits
+from pipeline.build.speech.export import onnx_from_speech_checkpoint
 from pipeline.errors import ExportError, PipelineError
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
@@ -281,6 +282,8 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     try:
         if arch.family == "decoder":
             return _export_decoder(checkpoint, arch, out)
+        if arch.family == "speech":
+            return onnx_from_speech_checkpoint(checkpoint, out)
         if arch.modality == "image":
             return export_image_model(checkpoint, out)
         return _export_encoder(checkpoint, out)

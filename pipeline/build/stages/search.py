@@ -43,6 +43,7 @@ from pipeline.build.recipes import Job, build_candidate
 from pipeline.build.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.build.stages.quantize import calibration_texts, development_split, filled_examples
 from pipeline.build.stages.search_decoder import search_decoders
+from pipeline.build.speech.search import search_speech
 from pipeline.build.timing import median_range, relative_scores, time_until_stable, token_rows
 from pipeline.errors import AccuracyError
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -256,7 +257,8 @@ def search(manifest: Manifest, target: Target, texts: list, split: tuple[list, l
     calibration, development = split
     split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
-    searcher = search_decoders if family(manifest) == "decoder" else _search_encoders
+    searchers = {"decoder": search_decoders, "speech": search_speech}
+    searcher = searchers.get(family(manifest), _search_encoders)
     rows, built, check = searcher(manifest, target, split, flags, out)
     winner = choose(rows, check)
     if winner is None:
@@ -300,7 +302,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         session=session_of(target),
         generation=target.to_dict()["generation"] if family(manifest) == "decoder" else None,
     )
-    inputs = {"export": manifest.stage("export").key, "optimize": manifest.stage("optimize").key}
+    inputs = {r.name: r.key for r in manifest.stages if r.name in ("export", "optimize")}  # speech: no optimize
     record = run_cached(
         manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, split, out)
     )

@@ -36,7 +36,7 @@ class Architecture:
     """
 
     model_type: str
-    family: str  # "encoder" | "decoder"
+    family: str  # "encoder" | "decoder" | "speech" (an audio encoder and a text decoder)
     ort_model_type: str | None = None
     attention: str | None = None
     fusion_problem: Callable | None = None
@@ -44,7 +44,7 @@ class Architecture:
     position_offset: int = 0
     generic: bool = False
     attention_fusion: str | None = None
-    modality: str = "text"  # "text" or "image": what the model takes, and so what prepares its input
+    modality: str = "text"  # "text", "image" or "audio": what the model takes, and so what prepares its input
     # An image embedding: the model's pooler output ("pooler"), or the first token's final hidden state ("cls")
     # where the pooler is a freshly initialised dense layer in most checkpoints (ViT's).
     image_embedding: str = "pooler"
@@ -64,9 +64,10 @@ def _registry() -> dict[str, Architecture]:
     from pipeline.build.inputs.architectures.decoders import DECODERS
     from pipeline.build.inputs.architectures.encoders import ENCODERS
     from pipeline.build.inputs.architectures.images import IMAGE_ENCODERS
+    from pipeline.build.inputs.architectures.speech import SPEECH
 
     table: dict[str, Architecture] = {}
-    for record in ENCODERS + DECODERS + IMAGE_ENCODERS:
+    for record in ENCODERS + DECODERS + IMAGE_ENCODERS + SPEECH:
         if record.model_type in table:
             raise ValueError(f"architecture {record.model_type} is registered twice")
         table[record.model_type] = record

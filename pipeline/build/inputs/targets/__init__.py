@@ -122,6 +122,9 @@ class Accuracy:
     teacher_top1_agreement: float | None = None
     perplexity_ratio: float | None = None
     greedy_prefix_agreement: float | None = None
+    # Speech models: word error rate of the artifact's transcripts against transformers' fp32 transcripts of the
+    # same held-out audio (at most this; 0.0: the same words on every clip).
+    word_error_rate: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ KERNEL_CLASSES = ("amx", "avx512-vnni", "avx512", "avx2", "any")
 CANDIDATE_ENGINES = ("onnxruntime", "openvino")
 CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8", "int4")
 CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf", "weight_only")
-FAMILIES = ("encoder", "decoder")
+FAMILIES = ("encoder", "decoder", "speech")
 # The target `native` resolves to, by the build host's kernel class (pipeline.runtime.host.kernel_class).
 QUANT_MODES = ("none", "dynamic", "static", "weight_only")
 QUANT_TYPES = ("int8", "uint8")
@@ -79,6 +79,7 @@ RANGES = {
     ("accuracy", "greedy_match"): (0.0, 1.0),
     ("accuracy", "teacher_top1_agreement"): (0.0, 1.0),
     ("accuracy", "perplexity_ratio"): (1.0, None),
+    ("accuracy", "word_error_rate"): (0.0, 1.0),
     ("accuracy", "greedy_prefix_agreement"): (0.0, 1.0),
     ("generation", "new_tokens"): (1, None),
     ("generation", "prompts"): (1, None),

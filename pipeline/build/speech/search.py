@@ -1,0 +1,118 @@
+"""The engine search over a speech model's candidates: each builds both graphs, is judged by the speech gate on
+the development split of the calibration audio, and is timed transcribing it; the fastest that passes is held to
+its thresholds on the held-out audio (pipeline/build/stages/search.py chooses, as for the other families).
+
+    fp32                 the exported graphs as they are
+    int8 (dynamic)       ONNX Runtime's dynamic int8 of every MatMul of both graphs, weights per channel
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline.build.accuracy.measured import measured, measurement_key
+from pipeline.build.accuracy.metrics import compare, development_gate, failures, measure, outputs
+from pipeline.build.accuracy.reference import pytorch_outputs
+from pipeline.build.console import progress
+from pipeline.build.inputs.targets import Candidate, Target
+from pipeline.build.manifest import Manifest, runtime_spec, session_of
+from pipeline.build.recipes.base import Built
+from pipeline.build.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
+from pipeline.build.timing import median_range, time_until_stable
+from pipeline.errors import TargetError
+from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH
+
+METRIC = "transcription"
+
+
+def _int8_dynamic(source: Path, out: Path, target: Target) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    settings = target.quantize
+    quantize_dynamic(
+        source,
+        out,
+        op_types_to_quantize=["MatMul"],
+        per_channel=settings.per_channel,
+        reduce_range=settings.reduce_range,
+        weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
+    )
+
+
+def built_graphs(manifest: Manifest, target: Target, candidate: Candidate, out: Path) -> Built:
+    """Both graphs of `candidate` in `out`, made from the export's."""
+    export = manifest.stage("export")
+    out.mkdir(parents=True, exist_ok=True)
+    kind = (candidate.engine, candidate.precision, candidate.quantize)
+    for name in (ENCODER_GRAPH, DECODER_GRAPH):
+        if kind == ("onnxruntime", "fp32", "none"):
+            shutil.copyfile(export.output(name), out / name)
+        elif kind == ("onnxruntime", "int8", "dynamic"):
+            _int8_dynamic(export.output(name), out / name, target)
+        else:
+            raise TargetError(
+                f"candidate {candidate.name}: speech models are built as onnxruntime fp32 or onnxruntime int8 with "
+                f'quantize = "dynamic", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
+            )
+    return Built(out / ENCODER_GRAPH, "onnxruntime", {})
+
+
+def speech_model(manifest: Manifest, target: Target, graph: Path, session: dict):
+    """A runtime SpeechModel over the encoder graph `graph` (its decoder beside it) and the exported tokenizer."""
+    from pipeline.runtime.speech import open_speech_model
+
+    return open_speech_model(graph, manifest.preprocessor()[1], runtime_spec(manifest, target), None, session)
+
+
+def _time(models: dict, clips: list, batch: int) -> tuple[dict, dict]:
+    """Each model's ms transcribing the development clips one at a time and as one batch, alternating."""
+    timings = {name: {} for name in models}
+    seconds = dict.fromkeys(models, 0.0)
+    shapes = {"clip_1": (clips[:1], 1), f"clips_{len(clips)}": (clips, batch)}
+    for shape, (work, size) in progress(shapes.items(), "search: timing", total=len(shapes)):
+        runners = {name: (lambda _, m=m, w=work, n=size: m.transcribe(w, batch_size=n)) for name, m in models.items()}
+        runs = time_until_stable(runners, None, 3, 5, spread=0.05, budget_s=30.0, warmups=1)
+        for name in models:
+            timings[name][shape] = [round(v, 3) for v in median_range(runs[name]["ms"])]
+            seconds[name] += sum(runs[name]["ms"]) / 1000
+    return timings, seconds
+
+
+def search_speech(manifest: Manifest, target: Target, texts: dict, flags, out: Path):
+    """Build, judge and time every speech candidate; returns (rows, {name: Built}, held-out check), as the
+    encoder and decoder searches do."""
+    development = texts["development"]
+    reference = pytorch_outputs(manifest.checkpoint, development)
+    session = {**session_of(target), **NO_SPINNING}
+    batch = target.shapes.batch_size
+
+    def make(candidate: Candidate):
+        made = built_graphs(manifest, target, candidate, out / "work" / candidate.name)
+        model = speech_model(manifest, target, made.graph, session)
+        stats = compare(METRIC, reference, outputs(model, development, METRIC, batch, teacher=reference))
+        return (
+            made,
+            model,
+            stats,
+            development_gate(target.with_candidate(candidate.name).accuracy, len(development)),
+            {},
+        )
+
+    rows, built = judge_candidates(target.family_candidates("speech"), flags, "search: building candidates", make)
+    models = {name: model for name, (_, model) in built.items() if model is not None}
+    if models:
+        from pipeline.runtime.audio import read_wav
+
+        attach_timings(rows, *_time(models, [read_wav(p) for p in development], batch))
+    held_out = texts["held_out"]
+
+    def check(name: str):
+        made = built[name][0]
+        model = speech_model(manifest, target, made.graph, session)
+        truth = pytorch_outputs(manifest.checkpoint, held_out)
+        key = measurement_key(manifest, target, made.graph, made.backend, made.session, held_out, METRIC)
+        stats, _ = measured(key, lambda: measure(model, held_out, truth, METRIC, batch))
+        return stats, failures(stats, target.with_candidate(name).accuracy)
+
+    return rows, {name: made for name, (made, _) in built.items()}, check
