@@ -17,7 +17,6 @@ artifact's own graph on ONNX Runtime's CPU provider.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from pipeline.build.accuracy.metrics import failures, measure, outputs
 from pipeline.build.accuracy.reference import pytorch_outputs
 from pipeline.build.cache import StageSpec, run_cached
+from pipeline.build.engine_cache import engine_entry
 from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts, texts_digest
 from pipeline.build.inputs.targets import Accuracy, Target, TensorRT
 from pipeline.build.inputs.tasks import TASKS
@@ -260,35 +260,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     return manifest.with_stage(record)
 
 
-def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
-    """After publishing: copy the engines the engine stage built into the artifact's engine cache."""
-    record = next((r for r in manifest.stages if r.name == "engine"), None)
-    if record is None or record.metrics.get("status") != "built":
-        return []
-    published = verify_artifact(artifact)
-    cache_dir = engine_cache_dir(artifact, published)
-    names = []
-    for graph, built in record.metrics["engines"].items():
-        entry = _record(published, graph, record.metrics["host"], record.metrics["profiles"], built["validation"])
-        write_engine(cache_dir, built["name"], record.output(f"{built['name']}.plan").read_bytes(), entry)
-        names.append(built["name"])
-    return names
-
-
-def _record(published: dict, graph: str, host: dict, profile: dict, validation: dict) -> dict:
-    return {
-        "graph": graph,
-        "hardware_compatibility": published["target_spec"]["tensorrt"]["hardware_compatibility"],
-        "graph_sha256": published["files"][graph],
-        "artifact": f"{published['model_name']}/{published['version']}/{published['target']}",
-        "profiles": profile,
-        "profile_hash": published["engine"]["profile_hash"],
-        **host,
-        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "validation": validation,
-    }
-
-
 def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | Path | None = None) -> Path:
     """Build one graph's engine of a published artifact on this GPU host, into its engine cache, validated against
     the artifact's graph on ONNX Runtime's CPU provider; returns the engine's path (an existing one is reused)."""
@@ -333,7 +304,7 @@ def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | 
         )
     finally:
         scratch.unlink(missing_ok=True)
-    write_engine(cache_dir, name, plan, _record(published, graph, host, engine["profiles"], stats))
+    write_engine(cache_dir, name, plan, engine_entry(published, graph, host, engine["profiles"], stats))
     return cache_dir / f"{name}.plan"
 
 
