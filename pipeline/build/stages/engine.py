@@ -10,8 +10,8 @@ Where TensorRT and a GPU of the target's compute capability are present, the sta
 engine, validates each against PyTorch on the GPU, and records the GPU, driver, CUDA and TensorRT versions;
 publish puts the engines in the artifact's engine cache (pipeline/runtime/engine_cache.py). Elsewhere (CI, CPU hosts) it
 records the engine as pending, with the reason, and every other stage's output is still published; `pipeline
-engine ARTIFACT` on a GPU host, or `load(..., build_engine=True)`, builds it there and validates it against the
-artifact's own graph on ONNX Runtime's CPU provider.
+engine ARTIFACT` on a GPU host, or `load(..., build_engine=build_artifact_engine)`, builds it there and validates it
+against the artifact's own graph on ONNX Runtime's CPU provider.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pipeline.errors import AccuracyError, EngineError, TargetError
 from pipeline.runtime.artifact import artifact_graphs, canonical_json, verify_artifact
 from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, find_engine, runs_on, write_engine
 from pipeline.runtime.host import gpu_host
-from pipeline.runtime.load import open_model, set_engine_builder
+from pipeline.runtime.load import open_model
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 VERSION = 1
@@ -306,7 +306,3 @@ def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | 
         scratch.unlink(missing_ok=True)
     write_engine(cache_dir, name, plan, engine_entry(published, graph, host, engine["profiles"], stats))
     return cache_dir / f"{name}.plan"
-
-
-# load(..., build_engine=True) builds through this hook; the runtime imports nothing of the build.
-set_engine_builder(build_artifact_engine)
