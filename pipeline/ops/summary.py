@@ -138,7 +138,8 @@ def _generation_speed(validation: dict) -> list[str]:
 
 
 def _small_calibration(manifest) -> list[str]:
-    """A line where the calibration file was too small to judge candidates on alone (pipeline.build.stages.quantize)."""
+    """A line where the calibration file was too small to judge candidates on alone
+    (pipeline.build.search.development)."""
     filled = max((r.metrics.get("development_filled") or 0 for r in manifest.stages), default=0)
     if not filled:
         return []

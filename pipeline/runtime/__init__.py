@@ -10,6 +10,7 @@ on any other import). Usage:
 
     artifact.py    the manifest schema, hashing, verification        host.py     CPU flags, kernel class, GPU probe
     load.py        load(): verify, pick the backend, open            encoder.py  Model (embeddings, classifiers)
+    answers.py     question answering's context windows and best span
     generation.py  Generator (decoders with a KV cache)              batcher.py  Batcher (dynamic batching)
     text.py        tokenizer and input checks                        engine_cache.py  TensorRT engine cache policy
     kv_cache.py    the decoder's KV cache buffers and padding          sampling.py greedy and sampled token choice
@@ -21,7 +22,7 @@ on any other import). Usage:
 
 from pipeline.runtime.artifact import artifact_graphs, canonical_json, describe, sha256_file, verify_artifact
 from pipeline.runtime.host import HostMismatchWarning, cpu_flags, kernel_class
-from pipeline.runtime.load import BACKENDS, EngineFallbackWarning, load, open_model, set_engine_builder
+from pipeline.runtime.load import BACKENDS, EngineFallbackWarning, load, open_model
 
 __all__ = [
     "BACKENDS",
@@ -34,7 +35,6 @@ __all__ = [
     "kernel_class",
     "load",
     "open_model",
-    "set_engine_builder",
     "sha256_file",
     "verify_artifact",
 ]

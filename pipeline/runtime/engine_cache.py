@@ -144,5 +144,6 @@ def engine_for_host(cache_dir: Path, manifest: dict, graph: str, host: dict) -> 
             return None, str(err)
     return None, (
         f"no engine of {graph} for this host (compute capability {host['compute_capability']}, TensorRT "
-        f"{host['tensorrt']}) in {cache_dir}; build it with `pipeline engine ARTIFACT` or load(..., build_engine=True)"
+        f"{host['tensorrt']}) in {cache_dir}; build it with `pipeline engine ARTIFACT`, or load(..., "
+        "build_engine=pipeline.build.stages.engine.build_artifact_engine)"
     )

@@ -18,20 +18,10 @@ from pipeline.runtime.artifact import TOKENIZER_NAME, artifact_graphs, verify_ar
 from pipeline.runtime.host import check_host, usable_cores
 
 BACKENDS = ("auto", "onnxruntime", "openvino", "tensorrt")
-_engine_builder: Callable | None = None
 
 
 class EngineFallbackWarning(UserWarning):
     """A TensorRT target's artifact runs on ONNX Runtime: no engine could be used on this host."""
-
-
-def set_engine_builder(builder: Callable | None) -> None:
-    """The hook `load(..., build_engine=True)` calls to build a missing TensorRT engine: `builder(artifact, graph)`
-    returns the engine's path. The build package registers `pipeline.build.stages.engine.build_artifact_engine` when
-    it is
-    imported; the runtime itself imports nothing of the build."""
-    global _engine_builder
-    _engine_builder = builder
 
 
 def open_model(
@@ -115,7 +105,7 @@ def load(
     providers=None,
     intra_op_threads: int | None = None,
     backend: str = "auto",
-    build_engine: bool = False,
+    build_engine: Callable | bool = False,
     graph: str | None = None,
 ):
     """Verify and load a published artifact (a `.../<version>/<target>` folder, or the `latest` link to one):
@@ -126,8 +116,9 @@ def load(
     (`manifest.json` "backend"): ONNX Runtime or OpenVINO on CPUs, TensorRT on GPUs.
 
     TensorRT targets: `backend="tensorrt"` runs the graph's engine from the artifact's engine cache, for this
-    host's GPU architecture and TensorRT version; with `build_engine=True` a missing one is built here first by
-    the registered engine builder (see `set_engine_builder`), else it is an ArtifactError naming what was found.
+    host's GPU architecture and TensorRT version; a missing one is built here first by `build_engine(artifact, graph)`
+    where given (`pipeline.build.stages.engine.build_artifact_engine`, which returns the engine's path; the runtime
+    imports nothing of the build), else it is an ArtifactError naming what was found.
     `"auto"` (the default) does the same but falls back, with an EngineFallbackWarning, to ONNX Runtime (its
     TensorRT and CUDA providers where onnxruntime-gpu is installed, else the CPU). `graph=INT8_GRAPH` picks
     the int8 Q/DQ graph of a target that made one.
@@ -168,13 +159,12 @@ def _gpu_backend(root: Path, manifest: dict, graph: str, backend: str, build_eng
         if host is not None:
             plan, reason = engine_for_host(cache_dir, manifest, graph, host)
             if plan is None and build_engine:
-                builder = build_engine if callable(build_engine) else _engine_builder
-                if builder is None:
+                if not callable(build_engine):
                     raise ArtifactError(
-                        "load(build_engine=True) needs an engine builder: install the build extra and `import "
-                        "pipeline.build.stages.engine` (it registers one), or pass build_engine=<callable>"
+                        f"load(build_engine={build_engine!r}) needs the engine builder itself: install the build "
+                        "extra and pass build_engine=pipeline.build.stages.engine.build_artifact_engine"
                     )
-                plan = builder(root, graph)
+                plan = build_engine(root, graph)
             if plan is not None:
                 return plan, None
     if backend == "tensorrt":

@@ -20,6 +20,7 @@ def test_drive_counts_each_callers_requests_and_their_latency():
     assert row["requests"] > 2 and row["errors"] > 0 and row["requests_per_s"] > 0
 
 
+@pytest.mark.slow  # tritonserver and Ray Serve, each started live
 def test_serving_bench_measures_every_engine_at_each_concurrency(published_fp32):
     if not (TRITON_ENV / ".installed").exists():
         pytest.skip("no .venv-triton with nvidia-pytriton's tritonserver: make triton-env")
@@ -32,6 +33,7 @@ def test_serving_bench_measures_every_engine_at_each_concurrency(published_fp32)
     assert "| ray-serve | 4 |" in "\n".join(markdown(results))
 
 
+@pytest.mark.slow  # the other servers still start live
 def test_a_server_that_cannot_start_is_a_missing_row_and_the_rest_is_measured(published_fp32, tmp_path, monkeypatch):
     from pipeline.bench import serving
 

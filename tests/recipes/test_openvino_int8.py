@@ -19,8 +19,8 @@ from pipeline.build.recipes.openvino_int8 import (
     matmul_kinds,
     nncf_int8,
 )
+from pipeline.build.search.candidates import CannotWin
 from pipeline.build.stages import checkpoint, export
-from pipeline.build.stages.candidates import CannotWin
 
 from ..conftest import CALIBRATION_TEXTS, SMALL_TEXTS
 from ..tiny import make_checkpoint

@@ -10,7 +10,7 @@ from pipeline.build.inputs.targets import Candidate, available_targets, load_tar
 from pipeline.build.recipes import RECIPES, ROW_COLUMNS, check_candidates, checked_target, recipe_for, registry
 from pipeline.build.recipes.ort_fp32 import OrtFp32
 from pipeline.build.recipes.ort_int8 import OrtInt8
-from pipeline.build.stages.candidates import candidate_row
+from pipeline.build.search.candidates import candidate_row
 from pipeline.build.table import build
 from pipeline.errors import TargetError
 

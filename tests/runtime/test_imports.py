@@ -1,6 +1,7 @@
 """The runtime is its own package: it imports the standard library, numpy, tokenizers, its engines and
-pipeline.errors (and jinja2 for chat templates, in chat.py only), nothing of the build; and no module of the
-pipeline imports itself back through another."""
+pipeline.errors (and jinja2 for chat templates, in chat.py only), nothing of the build; no module of the
+pipeline imports itself back through another; each layer imports only the layers it may; and
+pipeline/build/stages/ holds exactly the stage table's modules, none of which imports another."""
 
 import ast
 import sys
@@ -30,11 +31,12 @@ def _imports(path: Path) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
-            # `from pipeline.build.stages import engine` imports pipeline.build.stages.engine
+            # `from pipeline.build.stages import engine` imports pipeline.build.stages.engine (a package too)
+            folder = PIPELINE.parent / base.replace(".", "/")
             found |= {
                 f"{base}.{alias.name}"
                 for alias in node.names
-                if (PIPELINE.parent / base.replace(".", "/") / f"{alias.name}.py").exists()
+                if (folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists()
             }
     return found
 
@@ -102,7 +104,7 @@ def test_gc_and_the_store_import_no_stage():
     # gc and the cache share the layout and locks through pipeline.build.store, never through a stage's module.
     offenders = [
         f"{name}: {module}"
-        for name in ("ops/gc.py", "build/store.py", "build/cache.py")
+        for name in ("ops/gc.py", "ops/gc_cache.py", "build/store.py", "build/cache.py")
         for module in _imports(PIPELINE / name)
         if module == "pipeline.build.stages" or module.startswith("pipeline.build.stages.")
     ]
@@ -171,3 +173,49 @@ def test_the_layer_check_fails_when_a_rule_is_broken_on_purpose():
     finally:
         for path in probes:
             path.unlink(missing_ok=True)
+
+
+STAGES_DIR = PIPELINE / "build" / "stages"
+
+
+def stage_offenders(folder: Path = STAGES_DIR) -> list[str]:
+    """Each import, by a module of the stages folder, of another module of that folder."""
+    package = _module_name(folder / "__init__.py")
+    return [
+        f"{path.name}: {name}"
+        for path in sorted(folder.glob("*.py"))
+        for name in sorted(_imports(path))
+        if name.startswith(package + ".") and name != _module_name(path)
+    ]
+
+
+def test_the_stages_folder_holds_exactly_the_stage_tables_modules():
+    from pipeline.build.table import STAGES
+
+    table = {stage.__module__ for _, stage in STAGES}
+    folder = {_module_name(p) for p in STAGES_DIR.glob("*.py") if p.name != "__init__.py"}
+    assert folder == table, f"in the folder only: {sorted(folder - table)}; in the table only: {sorted(table - folder)}"
+    assert not [p.name for p in STAGES_DIR.iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+def test_no_stage_imports_another_stage():
+    # What two stages share lives in a peer module (pipeline/build/search/, inputs/, engine_cache.py).
+    assert not stage_offenders(), stage_offenders()
+
+
+def test_the_stage_check_fails_when_a_stage_imports_another_on_purpose():
+    probe = STAGES_DIR / "_probe_for_test.py"
+    probe.write_text(
+        "from pipeline.build.stages import engine\n"
+        "from pipeline.build.stages.quantize import run\n"
+        "from . import export\n"
+        "from .tune import run as tune\n"
+        "def f():\n    import pipeline.build.stages.fp16\n"
+    )
+    try:
+        assert stage_offenders() == [
+            f"_probe_for_test.py: pipeline.build.stages.{name}"
+            for name in ("engine", "export", "fp16", "quantize", "tune")
+        ]
+    finally:
+        probe.unlink()

@@ -80,6 +80,7 @@ def served(refusing_fp32):
     assert temp_dir and not os.path.exists(temp_dir)  # the session folder went with the instance
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_the_local_instance_keeps_its_files_private_and_its_token_out_of_the_environment(served):
     import ray
 
@@ -97,6 +98,7 @@ def test_deploy_refuses_an_auth_mode_that_turns_ray_token_authentication_off(pub
         ray_serve.deploy(published_fp32, port=free_port())
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_two_replicas_answer_32_concurrent_clients_like_load_run(served, refusing_fp32):
     state = ray_serve.status()
     assert state["status"] == "RUNNING"
@@ -140,6 +142,7 @@ def test_two_replicas_answer_32_concurrent_clients_like_load_run(served, refusin
         (json.dumps({"texts": [OVERLONG]}).encode(), 400, "tokens, over the model's 128"),
     ],
 )
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_bad_requests_get_4xx_with_a_one_line_message_and_the_service_keeps_serving(served, body, code, says):
     status, answer = _post(served, body)
     assert status == code and says in answer["error"] and "\n" not in answer["error"]
@@ -147,6 +150,7 @@ def test_bad_requests_get_4xx_with_a_one_line_message_and_the_service_keeps_serv
     assert status == 200 and len(answer["embeddings"]) == 1
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_a_get_gets_405_naming_post(served):
     status, answer = _post(served, None, method="GET")
     assert status == 405 and answer["allow"] == "POST" and "POST" in answer["error"]
@@ -156,6 +160,7 @@ def test_a_get_gets_405_naming_post(served):
     "bad, says",
     [(OVERLONG, "tokens, over the model's 128"), (PANICS, "run() input 0: the tokenizer failed on it (")],
 )
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_a_bad_text_gets_400_alone_when_batched_with_six_good_ones(served, bad, says):
     # PANICS makes the tokenizer panic: a BaseException, which Ray's batching answers to no caller.
     bodies = [[bad]] + [[text] for text in SMALL_TEXTS[:6]]
@@ -221,6 +226,7 @@ def _answers(held: list[socket.socket], timeout_s: float) -> list[tuple[int | No
     return [found.get(sock, (None, {}, math.inf)) for sock in held]
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_clients_that_send_no_body_get_408_after_the_body_timeout_and_others_are_answered_meanwhile(served):
     sent = time.monotonic()
     held = _hold(served, 40)  # more than the 2 x 8 places of the replicas' batches
@@ -241,6 +247,7 @@ def test_clients_that_send_no_body_get_408_after_the_body_timeout_and_others_are
     assert _post(served, b'{"texts": ["still serving"]}')[0] == 200
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_a_replica_reading_max_body_reads_bodies_answers_503_at_once(served):
     sent = time.monotonic()
     held = _hold(served, 2 * MAX_BODY_READS + 16)
@@ -278,6 +285,7 @@ def _is_loopback(ip: str) -> bool:
     return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_every_socket_the_serve_process_tree_listens_on_is_loopback(served):
     listeners = _listeners(os.getpid())
     assert any(port == int(served.rsplit(":", 1)[1].strip("/")) for *_, port in listeners)
@@ -285,6 +293,7 @@ def test_every_socket_the_serve_process_tree_listens_on_is_loopback(served):
     assert not exposed, f"(name, pid, address, port) listening beyond loopback: {exposed}"
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_the_replicas_grpc_server_refuses_a_call_without_the_ray_token(served):
     import grpc
     import psutil

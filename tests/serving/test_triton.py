@@ -117,6 +117,7 @@ def _infer(url: str, model: str, texts: list[str], output: str) -> np.ndarray:
     return client.infer(model, [text]).as_numpy(output)
 
 
+@pytest.mark.slow  # a live tritonserver
 @needs_server
 def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_fp32, tmp_path):
     # fp32: each answer is independent of what Triton batched it with (dynamic int8's is not, by design).
@@ -149,6 +150,7 @@ def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_f
         os.kill(pid, 0)  # stopped by its pid
 
 
+@pytest.mark.slow  # a live tritonserver
 @needs_server
 def test_live_triton_answers_each_request_alone_when_one_fails_the_batch(artifact_copy, tmp_path):
     from ..conftest import edit_manifest
@@ -180,6 +182,7 @@ def test_live_triton_answers_each_request_alone_when_one_fails_the_batch(artifac
     assert stats["execution_count"] < stats["inference_count"]  # some requests shared a batch
 
 
+@pytest.mark.slow  # a live tritonserver
 @needs_server
 def test_live_triton_serves_an_openvino_artifact(published_openvino, tmp_path):
     # The Python backend runs in .venv-triton, which must hold the artifact's engine (the triton extra's openvino).

@@ -1,4 +1,5 @@
-"""Helpers both searches' tests use (encoders in test_search, decoders in test_search_decoder)."""
+"""Helpers both searches' tests use (encoders in test_search, decoders in
+tests/search/test_decoders.py)."""
 
 from pipeline.build.table import build
 

@@ -3,10 +3,11 @@ import shutil
 
 import pytest
 
+from pipeline.build.inputs.digest import checkpoint_digest
 from pipeline.build.inputs.targets import load_target
 from pipeline.build.manifest import Manifest
 from pipeline.build.stages import checkpoint
-from pipeline.build.stages.checkpoint import checkpoint_digest, default_checkpoint
+from pipeline.build.stages.checkpoint import default_checkpoint
 from pipeline.errors import InputError
 
 from ..tiny import make_checkpoint, make_sentence_transformer

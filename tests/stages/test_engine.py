@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -121,6 +122,25 @@ def test_load_on_tensorrt_backend_without_gpu_says_why(tiny_bert, texts_file, bu
         load(published, backend="tensorrt")
     model = load(manifest.published["path"], backend="onnxruntime")  # no warning: asked for
     assert model.backend == "onnxruntime"
+
+
+def test_load_builds_a_missing_engine_only_with_the_builder_it_is_passed(
+    tiny_bert, texts_file, build_dirs, monkeypatch
+):
+    # The engine stage is imported above and registers nothing: build_engine=True alone says what to pass.
+    manifest = build(tiny_bert, "a100", validation=texts_file, calibration=texts_file, **build_dirs)
+    path = manifest.published["path"]
+    monkeypatch.setattr(
+        "pipeline.runtime.host.gpu_host", lambda: ({"compute_capability": "8.0", "tensorrt": "10.3"}, "")
+    )
+    with pytest.raises(
+        ArtifactError, match=r"pass build_engine=pipeline\.build\.stages\.engine\.build_artifact_engine"
+    ):
+        load(path, backend="tensorrt", build_engine=True)
+    calls = []
+    with pytest.raises(ArtifactError, match="no engine of model.onnx for this host"):
+        load(path, backend="tensorrt", build_engine=lambda artifact, graph: calls.append((artifact, graph)))
+    assert calls == [(Path(path).resolve(), "model.onnx")]
 
 
 def test_engine_command_refuses_without_gpu_naming_the_reason(tiny_bert, texts_file, build_dirs):

@@ -1,4 +1,3 @@
-import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from pipeline.build.inputs.targets import load_target
 from pipeline.build.manifest import Manifest, candidate_model
 from pipeline.build.passes.int8 import quantizable_nodes
 from pipeline.build.passes.smoothing import activation_absmax, smooth
-from pipeline.build.stages import checkpoint, export, fallback, optimize, quantize
+from pipeline.build.search import fallback, int8
+from pipeline.build.stages import checkpoint, export, optimize, quantize
 from pipeline.build.table import build
 from pipeline.errors import AccuracyError, TargetError
 
@@ -99,8 +99,8 @@ def test_quantize_keeps_the_smoothing_alpha_nearest_its_gate(
     target = write_target(tmp_path, "alphas", quantize__smooth_alphas=[0.2, 0.9])
     written = []  # each int8 graph the stage writes (the real pass, counted)
     for name in ("quantize_static", "quantize_dynamic"):
-        real = getattr(quantize, name)
-        monkeypatch.setattr(quantize, name, lambda *a, real=real, **k: written.append(a[1]) or real(*a, **k))
+        real = getattr(int8, name)
+        monkeypatch.setattr(int8, name, lambda *a, real=real, **k: written.append(a[1]) or real(*a, **k))
     manifest = Manifest(
         "tiny-bert", str(tiny_bert), str(tmp_path / "cache"), "", str(texts_file), str(calibration_file)
     )
@@ -298,25 +298,6 @@ def test_weight_only_int4_keeps_the_lm_head_at_8_bits(blocks, texts_file, calibr
     [head] = [n.name for n in nodes if "logits" in n.output]
     assert bits.pop(head) == 8 and set(bits.values()) == {4} and len(bits) == 2 * 4  # qkv, o, up+gate, down
     assert sum(n.op_type == "Add" and n.name.endswith("/Add") for n in nodes) == (8 if blocks == "minimum" else 0)
-
-
-def test_development_split_fills_a_small_split_with_repository_text_only_where_unseen(tmp_path):
-    from pipeline.build.inputs.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION
-    from pipeline.build.manifest import Checkpoint
-
-    own = read_texts(DEFAULT_CALIBRATION, "calibration")
-    held_out = set(read_texts(DEFAULT_VALIDATION, "validation"))
-    user = [f"a short user sentence number {i}." for i in range(56)] + own[-4:]  # four lines the repository has
-    manifest = Manifest("m", "", "", "", str(DEFAULT_VALIDATION), "")
-    manifest = dataclasses.replace(manifest, checkpoint=Checkpoint("", "", "bert", "feature-extraction", {}, None, 128))
-    target = load_target("cpu-avx2-static")
-    calibration, development = quantize.development_split(user, manifest, target)
-    assert calibration == quantize.development_split(user)[0] and len(development) == quantize.MIN_DEVELOPMENT
-    added = development[len(user) // 4 :]
-    assert quantize.filled_examples(user, development) == len(added) == quantize.MIN_DEVELOPMENT - 15
-    assert not set(added) & (set(user) | held_out) and set(added) <= set(own)
-    large = own[:256]
-    assert quantize.development_split(large, manifest, target) == quantize.development_split(large)
 
 
 def test_build_says_in_one_line_what_a_small_calibration_file_risks(tiny_bert, texts_file, build_dirs, tmp_path):

@@ -1,5 +1,5 @@
 """Recipes `ort-int8-dynamic` and `ort-int8-static`: ONNX Runtime int8 of the optimized encoder graph with the
-target's [quantize] settings, its smoothing and its sensitivity fallback (pipeline.build.stages.quantize), judged
+target's [quantize] settings, its smoothing and its sensitivity fallback (pipeline.build.search.int8), judged
 against the fp32 graph on the development split."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class OrtInt8(Recipe):
     def build(self, config: OrtInt8Config, job: Job) -> Built:
         """Quantize with the fallback into `job.work`; where the fallback's budget misses, its last graph (the
         search judges it at the target's own thresholds)."""
-        from pipeline.build.stages.quantize import int8_with_fallback
+        from pipeline.build.search.int8 import int8_with_fallback
 
         job.work.mkdir(parents=True)
         calibration, development = job.texts["calibration"], job.texts["development"]

@@ -18,7 +18,7 @@ from pipeline.build.console import progress
 from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.manifest import Manifest, runtime_spec, session_of
 from pipeline.build.recipes.base import Built
-from pipeline.build.stages.candidates import NO_SPINNING, attach_timings, judge_candidates
+from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates
 from pipeline.build.timing import median_range, time_until_stable
 from pipeline.errors import TargetError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 import time
@@ -12,13 +11,14 @@ from pathlib import Path
 from pipeline.build.inputs.architectures import architecture_for, remote_code_problem
 from pipeline.build.inputs.config_sizes import check_sizes
 from pipeline.build.inputs.confinement import check_confined
+from pipeline.build.inputs.digest import checkpoint_digest
 from pipeline.build.inputs.targets import Target
 from pipeline.build.inputs.tasks import DEFAULT_TASK, TASK_FROM_HEAD, TASKS
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint, Manifest, StageRecord
 from pipeline.build.speech.settings import check_feature_extractor
 from pipeline.errors import InputError, PipelineError
-from pipeline.runtime.artifact import IMAGE_PROCESSOR, sha256_file
+from pipeline.runtime.artifact import IMAGE_PROCESSOR
 from pipeline.runtime.images import ImageSpec
 from pipeline.runtime.schema import TOKENIZER
 
@@ -29,8 +29,6 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 TOKENIZER_FILES = (TOKENIZER, "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
-# Files that describe the model; docs and VCS files do not change what is built.
-IGNORED = {"README.md", ".gitattributes", "data_config.json"}
 # sentence-transformers module types, by their names before and since sentence-transformers 5.
 ST_KINDS = {
     "sentence_transformers.models.Transformer": "Transformer",
@@ -102,17 +100,6 @@ def _count(value, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise InputError(f"{where} is {value!r}, not a number; fix it in the checkpoint's JSON")
     return int(min(value, 1 << 20))
-
-
-def checkpoint_digest(folder: Path) -> str:
-    """sha256 over the relative path and sha256 of every file that defines the model."""
-    digest = hashlib.sha256()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = file.relative_to(folder).as_posix()
-        if rel in IGNORED or rel.startswith(".") or "/." in rel:
-            continue
-        digest.update(f"{rel}\0{sha256_file(file)}\n".encode())
-    return digest.hexdigest()
 
 
 def _module_folder(folder: Path, module: dict) -> Path:

@@ -10,14 +10,13 @@ Where TensorRT and a GPU of the target's compute capability are present, the sta
 engine, validates each against PyTorch on the GPU, and records the GPU, driver, CUDA and TensorRT versions;
 publish puts the engines in the artifact's engine cache (pipeline/runtime/engine_cache.py). Elsewhere (CI, CPU hosts) it
 records the engine as pending, with the reason, and every other stage's output is still published; `pipeline
-engine ARTIFACT` on a GPU host, or `load(..., build_engine=True)`, builds it there and validates it against the
-artifact's own graph on ONNX Runtime's CPU provider.
+engine ARTIFACT` on a GPU host, or `load(..., build_engine=build_artifact_engine)`, builds it there and validates it
+against the artifact's own graph on ONNX Runtime's CPU provider.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from pipeline.build.accuracy.metrics import failures, measure, outputs
 from pipeline.build.accuracy.reference import pytorch_outputs
 from pipeline.build.cache import StageSpec, run_cached
+from pipeline.build.engine_cache import engine_entry
 from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts, texts_digest
 from pipeline.build.inputs.targets import Accuracy, Target, TensorRT
 from pipeline.build.inputs.tasks import TASKS
@@ -33,7 +33,7 @@ from pipeline.errors import AccuracyError, EngineError, TargetError
 from pipeline.runtime.artifact import artifact_graphs, canonical_json, verify_artifact
 from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, find_engine, runs_on, write_engine
 from pipeline.runtime.host import gpu_host
-from pipeline.runtime.load import open_model, set_engine_builder
+from pipeline.runtime.load import open_model
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 VERSION = 1
@@ -260,35 +260,6 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     return manifest.with_stage(record)
 
 
-def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
-    """After publishing: copy the engines the engine stage built into the artifact's engine cache."""
-    record = next((r for r in manifest.stages if r.name == "engine"), None)
-    if record is None or record.metrics.get("status") != "built":
-        return []
-    published = verify_artifact(artifact)
-    cache_dir = engine_cache_dir(artifact, published)
-    names = []
-    for graph, built in record.metrics["engines"].items():
-        entry = _record(published, graph, record.metrics["host"], record.metrics["profiles"], built["validation"])
-        write_engine(cache_dir, built["name"], record.output(f"{built['name']}.plan").read_bytes(), entry)
-        names.append(built["name"])
-    return names
-
-
-def _record(published: dict, graph: str, host: dict, profile: dict, validation: dict) -> dict:
-    return {
-        "graph": graph,
-        "hardware_compatibility": published["target_spec"]["tensorrt"]["hardware_compatibility"],
-        "graph_sha256": published["files"][graph],
-        "artifact": f"{published['model_name']}/{published['version']}/{published['target']}",
-        "profiles": profile,
-        "profile_hash": published["engine"]["profile_hash"],
-        **host,
-        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "validation": validation,
-    }
-
-
 def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | Path | None = None) -> Path:
     """Build one graph's engine of a published artifact on this GPU host, into its engine cache, validated against
     the artifact's graph on ONNX Runtime's CPU provider; returns the engine's path (an existing one is reused)."""
@@ -333,9 +304,5 @@ def build_artifact_engine(artifact: str | Path, graph: str = GRAPH, data: str | 
         )
     finally:
         scratch.unlink(missing_ok=True)
-    write_engine(cache_dir, name, plan, _record(published, graph, host, engine["profiles"], stats))
+    write_engine(cache_dir, name, plan, engine_entry(published, graph, host, engine["profiles"], stats))
     return cache_dir / f"{name}.plan"
-
-
-# load(..., build_engine=True) builds through this hook; the runtime imports nothing of the build.
-set_engine_builder(build_artifact_engine)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pipeline.build import faults
 from pipeline.build.cache import package_versions
+from pipeline.build.engine_cache import cache_built_engines
 from pipeline.build.inputs.targets import Target
 from pipeline.build.manifest import Manifest, runtime_spec
-from pipeline.build.stages import engine
 from pipeline.build.store import (
     model_lock,
     model_root,
@@ -262,7 +262,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
             f"({err.filename or root}); nothing was published. Free space or fix permissions, then rebuild."
         ) from None
     path = root / version / target.name
-    engines = engine.cache_built_engines(manifest, path)
+    engines = cache_built_engines(manifest, path)
     return dataclasses.replace(
         manifest,
         published={

@@ -1,5 +1,5 @@
 """The search stage: engine and precision, for CPU targets that list [[candidates]] (encoders here; decoders in
-`search_decoder`).
+pipeline.build.search.decoders).
 
 Which engine and precision wins is measured, not assumed. Each candidate the target lists is built, scored against
 PyTorch on the development split of the calibration text, and timed on the build host, alternating candidates
@@ -40,9 +40,9 @@ from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Manifest, candidate_model, examples, session_of
 from pipeline.build.recipes import Job, build_candidate
-from pipeline.build.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
-from pipeline.build.stages.quantize import calibration_texts, development_split, filled_examples
-from pipeline.build.stages.search_decoder import search_decoders
+from pipeline.build.search.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
+from pipeline.build.search.decoders import search_decoders
+from pipeline.build.search.development import calibration_texts, development_split, filled_examples
 from pipeline.build.speech.search import search_speech
 from pipeline.build.timing import median_range, relative_scores, time_until_stable, token_rows
 from pipeline.errors import AccuracyError
@@ -150,7 +150,7 @@ def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
 
 
 def screen_shapes(model, texts: list) -> dict:
-    """The screen's shapes (pipeline.build.stages.candidates.Screen): rows of SEQUENCE tokens at batch 1 and 8."""
+    """The screen's shapes (pipeline.build.search.candidates.Screen): rows of SEQUENCE tokens at batch 1 and 8."""
     length = min(SEQUENCE, model.max_length)
     if getattr(model, "modality", "text") == "image":
         rows = (texts * (8 // max(len(texts), 1) + 1))[:8]

@@ -28,10 +28,10 @@ from pipeline.build.accuracy.reference import (
 )
 from pipeline.build.cache import StageSpec, run_cached
 from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts, texts_digest
+from pipeline.build.inputs.digest import checkpoint_digest
 from pipeline.build.inputs.targets import Accuracy, Generation, Target
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import INT8_GRAPH, Manifest, candidate_model, examples, session_of
-from pipeline.build.stages.checkpoint import checkpoint_digest
 from pipeline.errors import AccuracyError, InputError
 from pipeline.runtime.artifact import sha256_file, verify_artifact
 from pipeline.runtime.load import load

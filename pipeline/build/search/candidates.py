@@ -1,4 +1,4 @@
-"""The candidate table both searches share (encoders in `search`, decoders in `search_decoder`): each candidate
+"""The candidate table both searches share (encoders in the search stage, decoders in `decoders`): each candidate
 built and scored in turn, one row each, whatever happens to it, and the screen that keeps a recipe from spending
 its fallback on a candidate that could not win anyway.
 

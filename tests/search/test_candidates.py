@@ -6,7 +6,7 @@ import weakref
 import pytest
 
 from pipeline.build.inputs.targets import Accuracy, Candidate
-from pipeline.build.stages.candidates import CannotWin, Screen, attach_timings, candidate_row, judge_candidates
+from pipeline.build.search.candidates import CannotWin, Screen, attach_timings, candidate_row, judge_candidates
 from pipeline.errors import QuantizationError
 
 GATE = Accuracy(cosine_min=0.99, max_abs_diff=0.1)

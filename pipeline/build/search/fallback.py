@@ -1,5 +1,5 @@
 """The int8 fallback's search: which quantizable nodes to keep in fp32, and how few, for an int8 graph to meet its
-development gate (pipeline.build.stages.quantize runs it).
+development gate (pipeline.build.search.int8 runs it).
 
 Each node's sensitivity is measured (the error it adds when it alone is quantized: one quantization and one
 development pass a node) or, for dynamic int8 of an encoder too large for that, simulated from one fp32 pass

@@ -38,7 +38,7 @@ from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.manifest import Manifest, candidate_model
 from pipeline.build.memory import release_freed
 from pipeline.build.recipes import Job, recipe_for
-from pipeline.build.stages.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
+from pipeline.build.search.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
 from pipeline.build.timing import median_range, relative_spread
 from pipeline.runtime.kv_cache import Decoding
 from pipeline.runtime.schema import GRAPH
@@ -87,7 +87,7 @@ def _time(models: dict, texts: list[str], reps: tuple[int, int] = (3, 5), spread
 
 
 def screen_shapes(model, texts: list[str]) -> dict:
-    """The screen's shapes (pipeline.build.stages.candidates.Screen): time to the first token of a PROMPT-token prompt,
+    """The screen's shapes (pipeline.build.search.candidates.Screen): time to the first token of a PROMPT-token prompt,
     and a few decode steps of one row."""
     long, short = _rows(model, texts)
     return {

@@ -9,16 +9,16 @@ from pipeline.build.accuracy.metrics import CHECKS, development_gate, failures
 from pipeline.build.inputs.targets import load_target
 from pipeline.build.manifest import Manifest
 from pipeline.build.recipes import Job, build_candidate
+from pipeline.build.search.decoders import search_decoders
+from pipeline.build.search.development import calibration_texts, development_split
 from pipeline.build.stages import checkpoint, export, optimize
-from pipeline.build.stages.quantize import calibration_texts, development_split
-from pipeline.build.stages.search_decoder import search_decoders
 from pipeline.errors import AccuracyError
 from pipeline.runtime import load
 from pipeline.runtime.host import cpu_flags
 
 from ..conftest import write_target
+from ..stages.conftest import assert_chosen_is_the_fastest_that_passed_held_out, build_into
 from ..tiny import make_decoder
-from .conftest import assert_chosen_is_the_fastest_that_passed_held_out, build_into
 
 FP32 = {
     "name": "fp32",
