@@ -3,6 +3,7 @@
 encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact; bucketing
 serving.py      direct calls, the Batcher, Triton and Ray Serve at 1, 8 and 32 concurrent callers
 generation.py   decoders: time to first token and decode tokens/s against transformers' generate
+speech.py       speech recognition: real-time factor and word error rate against faster-whisper and transformers
 calibration.py  peak memory of static calibration
 profile.py      per-op time by class against the host's GEMM limit (op_times.py: the engines' profilers; gemm_limit.py)
 plot.py, common.py
@@ -26,6 +27,10 @@ def run(
     from pipeline.runtime.artifact import verify_artifact
 
     manifest = verify_artifact(artifact)
+    if manifest["model"]["task"] == "automatic-speech-recognition":
+        from pipeline.bench.speech import bench_speech
+
+        return bench_speech(artifact, out_dir, quick=quick)
     if manifest["model"]["task"] == "text-generation":
         from pipeline.bench.generation import bench_generation
 
@@ -40,6 +45,10 @@ def run(
 
 def markdown(results: dict) -> str:
     """A benchmark's results as Markdown."""
+    if "audio_seconds" in results:
+        from pipeline.bench.speech import markdown as speech_markdown
+
+        return speech_markdown(results)
     if "runs" in results:
         from pipeline.bench.generation import markdown as generation_markdown
 

@@ -130,8 +130,8 @@ def faster_whisper_transcriber(folder: str | Path, threads: int) -> Transcriber:
     except ImportError:
         raise InputError("the faster-whisper peer needs it: pip install faster-whisper==1.2.1") from None
     folder = Path(folder)
-    if not (folder / "model.bin").is_file():
-        raise InputError(f"{folder} has no model.bin; pass a CTranslate2 Whisper folder (faster-whisper's format)")
+    if not (folder / "vocabulary.txt").is_file():  # beside its weights in every CTranslate2 Whisper folder
+        raise InputError(f"{folder} has no vocabulary.txt; pass a CTranslate2 Whisper folder (faster-whisper's format)")
     model = WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1)
     options = {"beam_size": 1, "temperature": 0.0, "without_timestamps": True, "language": "en"}
     options.update(vad_filter=False, condition_on_previous_text=False)

@@ -1,7 +1,7 @@
 """The command line: each command parses, calls one library function, prints. Heavy imports stay inside.
 
 building.py   build, check, targets, host, gc        artifacts.py  validate, inspect, engine, export triton
-running.py    generate, classify, bench              serve.py      serve
+running.py    generate, classify, transcribe, bench              serve.py      serve
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def _commands() -> None:
         artifacts.export_group,
         running.generate,
         running.classify,
+        running.transcribe,
         running.bench,
         serve.serve,
     ):

@@ -99,6 +99,24 @@ def classify(artifact, images, top_k) -> None:
 
 @click.command()
 @click.argument("artifact")
+@click.argument("audio", nargs=-1, required=True)
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None, help="tokens a 30 s window at most")
+def transcribe(artifact, audio, max_new_tokens) -> None:
+    """Print the text spoken in each of AUDIO (WAV files) by a speech-recognition ARTIFACT."""
+    from pipeline.ops.summary import printable
+    from pipeline.runtime import load
+
+    model = load(artifact)
+    if getattr(model, "task", None) != "automatic-speech-recognition":
+        raise InputError(
+            f"{artifact} is built for {model.task}; transcribe needs an automatic-speech-recognition artifact"
+        )
+    for path, text in zip(audio, model.transcribe(list(audio), max_new_tokens=max_new_tokens), strict=True):
+        click.echo(f"{printable(path)}: {printable(text)}")
+
+
+@click.command()
+@click.argument("artifact")
 @click.argument("prompts", nargs=-1, required=True)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
 @click.option("--temperature", type=float, default=None, help="> 0 samples; 0 is greedy (default: the checkpoint's)")

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import ArtifactError
-from pipeline.runtime.schema import DATA_SUFFIX, IMAGE_PROCESSOR, MANIFEST, REPORT, TOKENIZER
+from pipeline.runtime.schema import DATA_SUFFIX, DECODER_GRAPH, IMAGE_PROCESSOR, MANIFEST, REPORT, TOKENIZER
 
 MANIFEST_NAME = MANIFEST
 REPORT_NAME = REPORT
@@ -41,6 +41,7 @@ TASKS = (
     "text-generation",
     "image-feature-extraction",
     "image-classification",
+    "automatic-speech-recognition",
 )
 # What `pipeline inspect` reads beside the loader's fields, where present: absent or of this kind.
 _OPTIONAL_FIELDS = {
@@ -89,7 +90,16 @@ _SETTINGS = {
         lambda v: v in (TOKENIZER_NAME, IMAGE_PROCESSOR),
         f"{TOKENIZER_NAME} or {IMAGE_PROCESSOR}",
     ),
-    ("model", "modality"): (lambda v: v in ("text", "image"), "text or image"),
+    ("model", "modality"): (lambda v: v in ("text", "image", "audio"), "text, image or audio"),
+    # A speech artifact's decoder beside its encoder, cache layout and decoding settings.
+    ("model", "decoder_graph"): (lambda v: v == DECODER_GRAPH, DECODER_GRAPH),
+    ("model", "layers"): (lambda v: _count(v) and 0 < v <= 1024, "an int from 1 to 1024"),
+    ("model", "heads"): (lambda v: _count(v) and 0 < v <= 1024, "an int from 1 to 1024"),
+    ("model", "head_dim"): (lambda v: _count(v) and 0 < v <= 4096, "an int from 1 to 4096"),
+    ("model", "n_mels"): (lambda v: v in (80, 128), "80 or 128"),
+    ("model", "prompt"): (lambda v: isinstance(v, list) and 0 < len(v) <= 8 and all(_count(i) for i in v), "ids"),
+    ("model", "suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of ids"),
+    ("model", "begin_suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "ids"),
     ("model", "max_length"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "batch_size"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "inputs"): (_strings, "a list of strings"),

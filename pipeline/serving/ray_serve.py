@@ -255,7 +255,7 @@ def deploy(
     if manifest["model"].get("modality", "text") != "text":  # its run() reads file paths: never a client's
         raise ServingError(
             f"pipeline serve takes text artifacts so far; {artifact} is {manifest['model']['task']}, whose requests "
-            "would carry pictures; run it in process with pipeline.runtime.load"
+            "would carry pictures or audio; run it in process with pipeline.runtime.load"
         )
     if address:
         check_reachable(address)

@@ -235,8 +235,8 @@ def check_kind(manifest: dict, variants: tuple[str, ...]) -> None:
     task = manifest["model"]["task"]
     if manifest["model"].get("modality", "text") != "text":
         raise ServingError(
-            f"Triton export takes text artifacts so far; this one is {task}, whose requests would carry pictures; "
-            "run it in process with pipeline.runtime.load"
+            f"Triton export takes text artifacts so far; this one is {task}, whose requests would carry pictures or "
+            "audio; run it in process with pipeline.runtime.load"
         )
     if task not in (*ENCODER_OUTPUTS, "text-generation"):
         raise ServingError(

@@ -10,11 +10,11 @@ import dataclasses
 import hashlib
 import json
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.build.accuracy.models import load_hf_tokenizer, load_torch_model
 from pipeline.build.accuracy.reference_decoder import generation_outputs
 from pipeline.build.console import progress
 from pipeline.build.inputs.architectures import architecture_of
@@ -34,47 +34,6 @@ def checkpoint_from_source(source: dict) -> Checkpoint:
     except (OSError, ValueError):
         config = {}
     return Checkpoint(config=config if isinstance(config, dict) else {}, **source)
-
-
-def load_torch_model(checkpoint: Checkpoint, dtype: str = "float32"):
-    """The checkpoint's PyTorch model for its task, in eval mode, with eager attention."""
-    import transformers
-
-    auto = getattr(transformers, TASKS[checkpoint.task].auto_class)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = auto.from_pretrained(
-                checkpoint.path,
-                attn_implementation="eager",
-                dtype=dtype,
-                trust_remote_code=False,
-                local_files_only=True,
-            )
-    except Exception as err:  # safetensors, torch and transformers each raise their own types for bad files
-        first = (str(err).splitlines() or [""])[0]
-        raise InputError(
-            f"could not load the weights in {checkpoint.path} ({type(err).__name__}: {first}); "
-            "the weight files are missing or corrupt: save the checkpoint again"
-        ) from None
-    return model.eval()
-
-
-def load_hf_tokenizer(checkpoint: Checkpoint):
-    """The checkpoint's fast tokenizer (the Rust one the runtime uses, through transformers)."""
-    from transformers import AutoTokenizer
-
-    try:
-        # fix_mistral_regex=False: tokenize as tokenizer.json says, as the runtime does (transformers 4.57 warns
-        # of a Mistral regex for every folder another 4.57 release saved, Gemma's included).
-        tokenizer = AutoTokenizer.from_pretrained(
-            checkpoint.path, use_fast=True, trust_remote_code=False, local_files_only=True, fix_mistral_regex=False
-        )
-    except (OSError, ValueError) as err:
-        raise InputError(f"could not load the tokenizer in {checkpoint.path}: {str(err).splitlines()[0]}") from None
-    if not tokenizer.is_fast:
-        raise InputError(f"{checkpoint.path} has no fast (Rust) tokenizer; the runtime needs tokenizer.json")
-    return tokenizer
 
 
 def _dense_weights(folder: Path) -> dict:

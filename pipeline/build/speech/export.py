@@ -14,11 +14,10 @@ The probe checks both graphs against transformers' model on a probe window, at t
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
-from pipeline.build.accuracy.reference import load_hf_tokenizer, load_torch_model
+from pipeline.build.accuracy.models import load_hf_tokenizer, load_torch_model
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint
 from pipeline.errors import ExportError
@@ -216,8 +215,3 @@ def onnx_from_speech_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     return {"spec": spec, "probe_max_abs_diff": diff, "graphs": [ENCODER_GRAPH, DECODER_GRAPH]}
-
-
-def read_json(path: Path) -> dict:
-    """A small JSON file of the checkpoint as a dict ({} where it is absent)."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -37,7 +37,7 @@ def speech_reference(checkpoint: Checkpoint, paths: list) -> dict:
     import torch
     from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
-    from pipeline.build.accuracy.reference import load_torch_model
+    from pipeline.build.accuracy.models import load_torch_model
     from pipeline.build.speech.settings import speech_spec
 
     model = load_torch_model(checkpoint)

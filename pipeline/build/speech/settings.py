@@ -7,14 +7,20 @@ timestamps: the start token, then (multilingual models) a language and a task to
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipeline.build.manifest import Checkpoint
 from pipeline.errors import ExportError, InputError
 from pipeline.runtime.schema import DECODER_GRAPH
+from pipeline.runtime.schema import IMAGE_PROCESSOR as FEATURE_FILE  # a feature extractor's file has the same name
 
 FEATURE_SETTINGS = {"sampling_rate": 16000, "n_fft": 400, "hop_length": 160, "chunk_length": 30}
-FEATURE_FILE = "preprocessor_config.json"
+
+
+def read_json(path: Path) -> dict:
+    """A small JSON file of the checkpoint as a dict ({} where it is absent)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _ids(value, what: str, vocab: int) -> list[int]:
@@ -27,8 +33,6 @@ def _ids(value, what: str, vocab: int) -> list[int]:
 def check_feature_extractor(folder: Path) -> None:
     """A speech checkpoint's preprocessor_config.json must describe the features the runtime computes (Whisper's
     log-mel spectrogram of 30 s windows at 16 kHz); anything else is a one-line InputError."""
-    from pipeline.build.speech.export import read_json
-
     path = Path(folder) / FEATURE_FILE
     if not path.is_file():
         raise InputError(
@@ -47,8 +51,6 @@ def check_feature_extractor(folder: Path) -> None:
 
 def speech_spec(checkpoint: Checkpoint, config) -> dict:
     """The runtime spec of a speech artifact: its graphs, cache layout, features and decoding settings."""
-    from pipeline.build.speech.export import read_json
-
     generation = read_json(Path(checkpoint.path) / "generation_config.json")
     vocab = int(config.vocab_size)
     start = generation.get("decoder_start_token_id", config.decoder_start_token_id)
@@ -60,6 +62,9 @@ def speech_spec(checkpoint: Checkpoint, config) -> dict:
         )
     languages = generation.get("lang_to_id") or {}
     tasks = generation.get("task_to_id") or {}
+    eos = _ids(generation.get("eos_token_id", config.eos_token_id), "eos_token_id", vocab)
+    if not eos:
+        raise ExportError(f"{checkpoint.path}: generation_config.json and config.json name no eos_token_id")
     multilingual = bool(generation.get("is_multilingual", False)) and bool(languages)
     prompt = (
         [start]
@@ -68,6 +73,8 @@ def speech_spec(checkpoint: Checkpoint, config) -> dict:
     )
     return {
         "task": checkpoint.task,
+        "modality": "audio",
+        "output": "logits",
         "decoder_graph": DECODER_GRAPH,
         "layers": int(config.decoder_layers),
         "heads": int(config.decoder_attention_heads),
@@ -80,7 +87,8 @@ def speech_spec(checkpoint: Checkpoint, config) -> dict:
         ),
         "start_id": _ids(start, "decoder_start_token_id", vocab)[0],
         "no_timestamps_id": _ids(no_timestamps, "no_timestamps_token_id", vocab)[0],
-        "eos_token_ids": _ids(generation.get("eos_token_id", config.eos_token_id), "eos_token_id", vocab),
+        "eos_token_ids": eos,
+        "pad_id": eos[0],  # what a row that has finished feeds while the others decode
         "suppress_tokens": _ids(generation.get("suppress_tokens"), "suppress_tokens", vocab),
         "begin_suppress_tokens": _ids(generation.get("begin_suppress_tokens"), "begin_suppress_tokens", vocab),
         "multilingual": multilingual,
