@@ -172,6 +172,9 @@ def _figure(values: list[float]) -> dict:
     return {"median": median, "range": [low, high]}
 
 
+SETTLE_S = 0.5
+
+
 def speech_speed(transcribers: dict[str, Transcriber], audio: np.ndarray, reference: str, rounds: int) -> dict:
     """Seconds, real-time factor and time to first token of each transcriber on `audio`, `rounds` rounds each
     alternating between them (after a warm-up each), the word error rate of its transcript against `reference` and
@@ -182,8 +185,10 @@ def speech_speed(transcribers: dict[str, Transcriber], audio: np.ndarray, refere
 
     audio_seconds = len(audio) / SAMPLE_RATE
     texts, first_tokens = {}, {}
-    full = alternate(_recording(transcribers, None, texts), audio, rounds)
-    first = alternate(_recording(transcribers, 1, first_tokens), audio, rounds)
+    # CTranslate2's, torch's and ONNX Runtime's thread pools spin for a while after a call: each timed run waits for
+    # the previous engine's to park (without the pause the artifact's time after transformers' ranged 0.76-2.15 s).
+    full = alternate(_recording(transcribers, None, texts), audio, rounds, settle_s=SETTLE_S)
+    first = alternate(_recording(transcribers, 1, first_tokens), audio, rounds, settle_s=SETTLE_S)
     variants = {}
     for name in transcribers:
         seconds = [ms / 1000 for ms in full[name]]

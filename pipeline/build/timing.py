@@ -39,15 +39,20 @@ def relative_spread(values: list[float]) -> float:
     return (percentile(values, 90) - percentile(values, 10)) / max(float(np.median(values)), 1e-12)
 
 
-def alternate(runners: dict[str, Callable], work, rounds: int, warmups: int = 1, stop=None) -> dict[str, list[float]]:
+def alternate(
+    runners: dict[str, Callable], work, rounds: int, warmups: int = 1, stop=None, settle_s: float = 0.0
+) -> dict[str, list[float]]:
     """Milliseconds of `run(work)` for each runner, `warmups` times each first, then `rounds` rounds in turn.
-    `stop(times, rounds_done)`, where given, ends the rounds early when it returns True."""
+    `stop(times, rounds_done)`, where given, ends the rounds early when it returns True. `settle_s`: an untimed
+    pause before each timed run, so that the thread pools of the engine that ran before (which spin for a while
+    after a call) have parked and do not take the cores of the one being timed."""
     for run in runners.values():
         for _ in range(warmups):
             run(work)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for done in range(1, rounds + 1):
         for name, run in runners.items():
+            time.sleep(settle_s)
             started = time.perf_counter()
             run(work)
             times[name].append((time.perf_counter() - started) * 1000)

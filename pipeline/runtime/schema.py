@@ -4,6 +4,7 @@
     artifacts/<model>/v<N>/<target>/
       model.onnx | model.xml + model.bin   the graph (ONNX Runtime, TensorRT | OpenVINO), [<graph>.data] beside it
       model.int8.onnx                      a TensorRT target's int8 Q/DQ graph, beside its fp16 model.onnx
+      encoder.onnx + decoder.onnx          a speech model's two graphs, in place of model.onnx
       tokenizer.json | preprocessor_config.json   what turns input into the graph's tensors (text | pictures)
       report.json                          the build's timings and stage metrics (hashed, not the identity)
       manifest.json                        names and hashes every file above; the loader verifies it first

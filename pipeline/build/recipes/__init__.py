@@ -7,9 +7,9 @@
     openvino, none               openvino               encoder           fp32, bf16
     openvino, nncf               openvino-int8          encoder           int8
     openvino, dynamic            openvino-int8-dynamic  encoder           int8
-    onnxruntime, weight_only     weight-only            decoder           int8, int4
+    onnxruntime, weight_only     weight-only            decoder           int8, int4  (and speech*)
 
-* A speech model's two graphs are made by pipeline/build/speech/search.py, of these two kinds only.
+* A speech model's two graphs are made by pipeline/build/speech/search.py, of these three kinds only.
 
 The searches look each candidate's recipe up here (`recipe_for`) and never branch on kind names; a target whose
 candidate has no recipe, or asks one for a family or precision it does not build, is refused when parsed

@@ -31,7 +31,7 @@ class WeightOnly(Recipe):
     name = "weight-only"
     engine = "onnxruntime"
     quantize = "weight_only"
-    families = ("decoder",)
+    families = ("decoder", "speech")  # speech: the decoder graph, by pipeline/build/speech/search.py
     precisions = ("int8", "int4")
     Config = WeightOnlyConfig
     fallback = True

@@ -1,14 +1,15 @@
 """onnx_from_speech_checkpoint: a Whisper checkpoint becomes two ONNX graphs and a tokenizer.
 
-    encoder.onnx  input_features [b, mels, 3000] -> cross.{i}.key / cross.{i}.value [b, h, 1500, d]
-    decoder.onnx  input_ids [b, s], past.{i}.key / past.{i}.value [b, h, p, d], cross.{i}.* [b, h, 1500, d]
+    encoder.onnx  input_features [b, mels, 3000] -> cross.{i}.key [b, h, d, 1500], cross.{i}.value [b, h, 1500, d]
+    decoder.onnx  input_ids [b, s], past.{i}.key / past.{i}.value [b, h, p, d], cross.{i}.key / .value (as above)
                   -> logits [b, s, vocab], present.{i}.key / present.{i}.value [b, h, p + s, d]
 
 The encoder computes each decoder layer's cross-attention keys and values once per window of audio, so a decoding
-step projects only its new token. The decoder is written out here from the checkpoint's own modules (the layer
-norms, projections and MLPs are transformers' objects; only the attention arithmetic and the cache are spelled out),
-which gives the exporter a graph without transformers' cache classes. Every row of a batch decodes in step (the
-prompt tokens are the same for every row), so no padding mask is needed: a finished row feeds its end token.
+step projects only its new token; the keys come transposed, so no step transposes them again. The decoder is
+written out here from the checkpoint's own modules (the layer norms, projections and MLPs are transformers' objects;
+only the attention arithmetic and the cache are spelled out), which gives the exporter a graph without
+transformers' cache classes. Every row of a batch decodes in step (the prompt tokens are the same for every row),
+so no padding mask is needed: a finished row feeds its end token.
 The probe checks both graphs against transformers' model on a probe window, at the first step and one cached step.
 """
 
@@ -33,11 +34,12 @@ def _heads(x, heads: int):
     return x.view(b, s, heads, -1).transpose(1, 2)
 
 
-def _attend(q, k, v, mask=None):
-    """Softmax attention of pre-scaled queries; [b, h, s, d] -> [b, s, h * d]."""
+def _attend(q, k_t, v, mask=None):
+    """Softmax attention of pre-scaled queries `q` [b, h, s, d] over transposed keys `k_t` [b, h, d, t] and values
+    [b, h, t, d] -> [b, s, h * d]."""
     import torch
 
-    weights = q @ k.transpose(-1, -2)
+    weights = q @ k_t
     if mask is not None:
         weights = weights + mask
     out = torch.softmax(weights, dim=-1) @ v
@@ -61,7 +63,8 @@ def _modules(model):
             out = []
             for layer in self.layers:
                 attention = layer.encoder_attn
-                out += [_heads(attention.k_proj(hidden), self.heads), _heads(attention.v_proj(hidden), self.heads)]
+                keys = _heads(attention.k_proj(hidden), self.heads).transpose(2, 3)
+                out += [keys, _heads(attention.v_proj(hidden), self.heads)]
             return tuple(out)
 
     class Decoder(torch.nn.Module):
@@ -86,7 +89,7 @@ def _modules(model):
                 k = torch.cat([past[2 * i], _heads(attention.k_proj(h), self.heads)], dim=2)
                 v = torch.cat([past[2 * i + 1], _heads(attention.v_proj(h), self.heads)], dim=2)
                 presents += [k, v]
-                x = x + attention.out_proj(_attend(q, k, v, mask))
+                x = x + attention.out_proj(_attend(q, k.transpose(2, 3), v, mask))
                 attention, h = layer.encoder_attn, layer.encoder_attn_layer_norm(x)
                 q = _heads(attention.q_proj(h) * attention.scaling, self.heads)
                 x = x + attention.out_proj(_attend(q, cross[2 * i], cross[2 * i + 1]))
@@ -141,14 +144,14 @@ def _export_graphs(model, out: Path, prompt: list[int]) -> None:
     present_names = cache_names(layers, "present")
     with torch.no_grad():  # not inference_mode: the exporter traces through these tensors
         cross = encoder(features)
-    cache_axes = {0: "batch", 1: "heads", 2: "frames"}
+    cache_axes = {n: {0: "batch", 3 if n.endswith(".key") else 2: "frames"} for n in cross_names}
     _export(
         encoder,
         (features,),
         out / ENCODER_GRAPH,
         ["input_features"],
         cross_names,
-        {"input_features": {0: "batch"}, **{n: cache_axes for n in cross_names}},
+        {"input_features": {0: "batch"}, **cache_axes},
     )
     # Traced with a non-empty past and several new tokens, so neither length is taken for a constant.
     ids = torch.tensor([prompt[:1] * 3])
@@ -157,7 +160,7 @@ def _export_graphs(model, out: Path, prompt: list[int]) -> None:
         "input_ids": {0: "batch", 1: "tokens"},
         "logits": {0: "batch", 1: "tokens"},
         **{n: {0: "batch", 2: "past"} for n in past_names},
-        **{n: {0: "batch", 2: "frames"} for n in cross_names},
+        **cache_axes,
         **{n: {0: "batch", 2: "total"} for n in present_names},
     }
     _export(
@@ -182,7 +185,7 @@ def _probe(model, out: Path, prompt: list[int]) -> float:
     encoder = ort.InferenceSession(str(out / ENCODER_GRAPH), **options)
     decoder = ort.InferenceSession(str(out / DECODER_GRAPH), **options)
     cross = dict(zip(cache_names(layers, "cross"), encoder.run(None, {"input_features": features}), strict=True))
-    heads, head_dim = cross["cross.0.key"].shape[1], cross["cross.0.key"].shape[3]
+    heads, head_dim = cross["cross.0.value"].shape[1], cross["cross.0.value"].shape[3]
     past = {n: np.zeros((1, heads, 0, head_dim), np.float32) for n in cache_names(layers, "past")}
     ids = np.array([prompt], dtype=np.int64)
     first = decoder.run(None, {"input_ids": ids, **past, **cross})

@@ -4,10 +4,15 @@ its thresholds on the held-out audio (pipeline/build/stages/search.py chooses, a
 
     fp32                 the exported graphs as they are
     int8 (dynamic)       ONNX Runtime's dynamic int8 of every MatMul of both graphs, weights per channel
+    int8 (weight_only)   the decoder's MatMul weights in int8 blocks (MatMulNBits), the encoder fp32: a decoding
+                         step reads the weights once a token (the LM head alone is vocabulary x width), and an
+                         int8 block is a quarter of the fp32 traffic; the encoder multiplies 1500 frames at once
+                         and is bound by arithmetic, not by reading its weights
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -40,20 +45,35 @@ def _int8_dynamic(source: Path, out: Path, target: Target) -> None:
     )
 
 
+def _weight_only(source: Path, out: Path, target: Target, candidate: Candidate) -> None:
+    from pipeline.build.passes.weight_only import quantize_weight_only
+
+    settings = dataclasses.replace(
+        target.quantize,
+        bits=candidate.bits,
+        blocks=candidate.blocks,
+        block_size=candidate.block_size or target.quantize.block_size,
+        head_bits=max(candidate.bits, target.quantize.head_bits),
+    )
+    quantize_weight_only(source, out, settings)
+
+
 def built_graphs(manifest: Manifest, target: Target, candidate: Candidate, out: Path) -> Built:
     """Both graphs of `candidate` in `out`, made from the export's."""
     export = manifest.stage("export")
     out.mkdir(parents=True, exist_ok=True)
     kind = (candidate.engine, candidate.precision, candidate.quantize)
     for name in (ENCODER_GRAPH, DECODER_GRAPH):
-        if kind == ("onnxruntime", "fp32", "none"):
+        if kind == ("onnxruntime", "fp32", "none") or (candidate.quantize == "weight_only" and name == ENCODER_GRAPH):
             shutil.copyfile(export.output(name), out / name)
         elif kind == ("onnxruntime", "int8", "dynamic"):
             _int8_dynamic(export.output(name), out / name, target)
+        elif candidate.engine == "onnxruntime" and candidate.quantize == "weight_only":
+            _weight_only(export.output(name), out / name, target, candidate)
         else:
             raise TargetError(
-                f"candidate {candidate.name}: speech models are built as onnxruntime fp32 or onnxruntime int8 with "
-                f'quantize = "dynamic", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
+                f"candidate {candidate.name}: speech models are built as onnxruntime fp32, or int8 with quantize = "
+                f'"dynamic" or "weight_only", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
             )
     return Built(out / ENCODER_GRAPH, "onnxruntime", {})
 

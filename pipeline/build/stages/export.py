@@ -42,7 +42,7 @@ from pipeline.errors import ExportError, PipelineError
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 OPSET = 17
-VERSION = 10
+VERSION = 11  # 11: speech models (two graphs)
 
 
 @dataclasses.dataclass(frozen=True)
