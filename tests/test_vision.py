@@ -141,7 +141,7 @@ def test_serving_refuses_an_image_artifact_before_it_starts_anything(image_build
     from pipeline.serving.triton import repository_from_artifact
 
     artifact = image_builds["vit"][1].published["path"]
-    with pytest.raises(ServingError, match="pipeline serve takes text artifacts so far"):
+    with pytest.raises(ServingError, match="pipeline serve takes text and speech artifacts so far"):
         ray_serve.deploy(artifact, port=1)
     with pytest.raises(ServingError, match="Triton export takes text artifacts so far"):
         repository_from_artifact(artifact, tmp_path / "repo")

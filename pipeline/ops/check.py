@@ -53,6 +53,8 @@ def check(model: str | Path, target: str = "native") -> dict:
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         candidates.append({"name": candidate.name, "buildable": not missing, "missing_flags": missing})
     passes = fused_passes(arch.ort_model_type, arch.attention_fusion) if arch.ort_model_type else "generic passes only"
+    if arch.family == "speech":
+        passes = "none at build time (two graphs; ONNX Runtime fuses at load)"
     return {
         "model": info.path,
         "model_type": info.model_type,
@@ -62,7 +64,9 @@ def check(model: str | Path, target: str = "native") -> dict:
         "pooling": info.pooling,
         "max_length": info.max_length,
         "target": spec.name,
-        "passes": passes if spec.optimize.fusions else "generic passes only (the target turns fusions off)",
+        "passes": passes
+        if spec.optimize.fusions or arch.family == "speech"
+        else "generic passes only (the target turns fusions off)",
         "attention": _attention_plan(arch, info.path) if arch.family == "decoder" else "exported as is",
         "candidates": candidates,
     }

@@ -40,6 +40,7 @@ from pipeline.serving.requests import (
     answer_key,
     check_limit,
     check_seconds,
+    read_audio,
     read_body,
     read_texts,
 )
@@ -146,7 +147,9 @@ def _deployment():
             if self.model is None:
                 raise RuntimeError("the artifact is not loaded")
 
-        def run(self, texts: list[str]) -> list:
+        def run(self, texts: list) -> list:
+            if self.key == "texts":  # a speech artifact's: each item a clip's samples
+                return self.model.transcribe(texts)
             if self.key == "completions":
                 return [c.text for c in self.model.generate(texts)]
             return self.model.run(texts).tolist()
@@ -209,7 +212,7 @@ def _deployment():
             if not isinstance(body, bytes):
                 return body
             try:
-                texts = read_texts(body, self.limits["max_texts"])
+                texts = read_audio(body) if self.key == "texts" else read_texts(body, self.limits["max_texts"])
             except InputError as err:
                 return error(400, err)
             answer = await self.batched(texts)
@@ -252,10 +255,10 @@ def deploy(
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
     }
     manifest = verify_artifact(artifact)
-    if manifest["model"].get("modality", "text") != "text":  # its run() reads file paths: never a client's
+    if manifest["model"].get("modality", "text") == "image":  # its run() reads file paths: never a client's
         raise ServingError(
-            f"pipeline serve takes text artifacts so far; {artifact} is {manifest['model']['task']}, whose requests "
-            "would carry pictures or audio; run it in process with pipeline.runtime.load"
+            f"pipeline serve takes text and speech artifacts so far; {artifact} is {manifest['model']['task']}, "
+            "whose requests would carry pictures; run it in process with pipeline.runtime.load"
         )
     if address:
         check_reachable(address)

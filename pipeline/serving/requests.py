@@ -17,10 +17,29 @@ BODY_TIMEOUT_S = 10.0
 # batch's places, so that clients slow to send a body cannot take those.
 MAX_BODY_READS = 128
 USAGE = 'POST JSON {"texts": ["a text", ...]}'
+AUDIO_USAGE = "POST the bytes of one PCM WAV file (Content-Type: audio/wav)"
+MAX_AUDIO_SECONDS = 600.0  # a request's audio: twenty windows of 30 s
 
 
 def answer_key(task: str) -> str:
-    return {"feature-extraction": "embeddings", "text-generation": "completions"}.get(task, "logits")
+    keys = {
+        "feature-extraction": "embeddings",
+        "text-generation": "completions",
+        "automatic-speech-recognition": "texts",
+    }
+    return keys.get(task, "logits")
+
+
+def read_audio(body: bytes) -> list:
+    """The one clip of a speech request: a WAV file's bytes as 16 kHz samples, else a one-line InputError."""
+    from pipeline.runtime.audio import read_wav
+
+    if not body:
+        raise InputError(f"the request has no body; {AUDIO_USAGE}")
+    try:
+        return [read_wav(body, max_bytes=len(body), max_seconds=MAX_AUDIO_SECONDS)]
+    except InputError as err:
+        raise InputError(f"{err}; {AUDIO_USAGE}") from None
 
 
 def check_limit(value, option: str) -> int:
