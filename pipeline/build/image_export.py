@@ -13,12 +13,12 @@ settings are written as the runtime reads them (preprocessor_config.json in the 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 from pipeline.build.accuracy.reference import image_head, load_torch_model
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Checkpoint
+from pipeline.build.onnx_files import traced_to_onnx
 from pipeline.errors import ExportError
 from pipeline.runtime.artifact import IMAGE_PROCESSOR
 from pipeline.runtime.schema import GRAPH
@@ -61,19 +61,8 @@ def export_image_model(checkpoint: Checkpoint, out: Path) -> dict:
         expected = head(torch.from_numpy(probe)).numpy()
     if not np.isfinite(expected).all():
         raise ExportError(f"{checkpoint.path}: the PyTorch model itself outputs NaN or inf; its weights are broken")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            head,
-            (torch.from_numpy(probe),),
-            str(out / GRAPH),
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=["pixel_values"],
-            output_names=[task.output],
-            dynamic_axes={"pixel_values": {0: "batch"}, task.output: {0: "batch"}},
-            do_constant_folding=True,
-        )
+    axes = {"pixel_values": {0: "batch"}, task.output: {0: "batch"}}
+    traced_to_onnx(head, (torch.from_numpy(probe),), out / GRAPH, (["pixel_values"], [task.output]), axes, OPSET)
     session = ort.InferenceSession(str(out / GRAPH), providers=["CPUExecutionProvider"])
     got = session.run(None, {"pixel_values": probe})[0]
     diff = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")

@@ -325,3 +325,26 @@ def with_opset(model, domain: str, version: int = 1) -> None:
         model.opset_import.append(helper.make_opsetid(domain, version))
     else:
         found.version = version
+
+
+def traced_to_onnx(module, args: tuple, path: Path, names: tuple[list, list], axes: dict, opset: int) -> None:
+    """`module` traced on `args` into `path` by torch.onnx's TorchScript exporter, with `names` (inputs,
+    outputs), dynamic `axes` and constants folded: ONNX Runtime's transformer fusions recognise its attention
+    pattern, and find none in the dynamo exporter's graph. torch's tracer warnings are silenced."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=names[0],
+            output_names=names[1],
+            dynamic_axes=axes,
+            do_constant_folding=True,
+        )

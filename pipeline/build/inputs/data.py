@@ -139,3 +139,24 @@ def check_calibration(texts: list, path, limit: int) -> None:
             f"{MIN_CALIBRATION}, every fourth held back as the development split that judges its graphs: add "
             "examples, or pass other --calibration data"
         )
+
+
+def written_once(final: Path, write) -> Path:
+    """`final`, a folder of generated data: where missing, `write(staging)` fills a staging folder beside it, which
+    is then renamed into place in one step (a build that stops leaves no half-written set; another build that wrote
+    the same set first wins)."""
+    import contextlib
+    import os
+    import shutil
+    import tempfile
+
+    if not final.is_dir():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=final.parent))
+        try:
+            write(staging)
+            with contextlib.suppress(OSError):
+                os.rename(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final

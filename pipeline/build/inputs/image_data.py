@@ -12,13 +12,10 @@ renamed into place), where the digest covers the source files and the cropping.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from pipeline.build.inputs.data import written_once
 from pipeline.errors import InputError
 
 VERSION = 2
@@ -75,24 +72,17 @@ def default_image_data(cache_dir) -> tuple[Path, Path]:
     digest = hashlib.sha256(f"{VERSION} {CROP} {MIN_SIDE}".encode())
     for path in sources:
         digest.update(f"{path.name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
-    root = Path(cache_dir) / ".images"
-    final = root / digest.hexdigest()[:16]
-    if not final.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-        try:
-            seen: set = set()  # one picture shipped twice (a grey and an RGB chessboard) would be in both sets
-            for path in sources:
-                rgb = _rgb(path)
-                if (pixels := hashlib.sha256(rgb.tobytes()).hexdigest()) in seen:
-                    continue
-                seen.add(pixels)
-                split = scratch / ("calibration" if len(seen) % 2 == 1 else "validation")
-                split.mkdir(exist_ok=True)
-                _views(path, rgb, split)
-            with contextlib.suppress(OSError):  # another build renamed the same files into place first
-                os.rename(scratch, final)
-        finally:
-            if scratch.exists():
-                shutil.rmtree(scratch)
+
+    def write(scratch: Path) -> None:
+        seen: set = set()  # one picture shipped twice (a grey and an RGB chessboard) would be in both sets
+        for path in sources:
+            rgb = _rgb(path)
+            if (pixels := hashlib.sha256(rgb.tobytes()).hexdigest()) in seen:
+                continue
+            seen.add(pixels)
+            split = scratch / ("calibration" if len(seen) % 2 == 1 else "validation")
+            split.mkdir(exist_ok=True)
+            _views(path, rgb, split)
+
+    final = written_once(Path(cache_dir) / ".images" / digest.hexdigest()[:16], write)
     return final / "validation", final / "calibration"

@@ -13,14 +13,10 @@ renamed into place), where the digest covers the sentences, the voice and espeak
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from pipeline.build.inputs.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts
+from pipeline.build.inputs.data import DEFAULT_CALIBRATION, DEFAULT_VALIDATION, read_texts, written_once
 from pipeline.errors import InputError
 
 VERSION = 1
@@ -57,18 +53,12 @@ def default_speech_data(cache_dir) -> tuple[Path, Path]:
     digest = hashlib.sha256(f"{VERSION} {VOICE} {_espeak_digest()}".encode())
     for name, texts in sets.items():
         digest.update((name + "\0" + "\n".join(texts)).encode())
-    root = Path(cache_dir) / ".speech"
-    final = root / digest.hexdigest()[:16]
-    if not final.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
-        try:
-            for name, texts in sets.items():
-                (staging / name).mkdir()
-                for number, text in enumerate(texts):
-                    write_wav(staging / name / f"{number:03d}.wav", synthesize(text, VOICE))
-            with contextlib.suppress(FileExistsError, OSError):
-                os.rename(staging, final)  # another build may have written the same set first
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+
+    def write(staging: Path) -> None:
+        for name, texts in sets.items():
+            (staging / name).mkdir()
+            for number, text in enumerate(texts):
+                write_wav(staging / name / f"{number:03d}.wav", synthesize(text, VOICE))
+
+    final = written_once(Path(cache_dir) / ".speech" / digest.hexdigest()[:16], write)
     return final / "validation", final / "calibration"

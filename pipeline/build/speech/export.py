@@ -15,12 +15,12 @@ The probe checks both graphs against transformers' model on a probe window, at t
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from pipeline.build.accuracy.models import load_hf_tokenizer, load_torch_model
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint
+from pipeline.build.onnx_files import traced_to_onnx
 from pipeline.errors import ExportError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH, TOKENIZER
 
@@ -114,24 +114,6 @@ def _probe_features(model):
     return log_mel_features(signal, model.config.num_mel_bins)[None]
 
 
-def _export(module, args, path: Path, inputs: list, outputs: list, axes: dict) -> None:
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=inputs,
-            output_names=outputs,
-            dynamic_axes=axes,
-            do_constant_folding=True,
-        )
-
-
 def _export_graphs(model, out: Path, prompt: list[int]) -> None:
     import torch
 
@@ -145,13 +127,9 @@ def _export_graphs(model, out: Path, prompt: list[int]) -> None:
     with torch.no_grad():  # not inference_mode: the exporter traces through these tensors
         cross = encoder(features)
     cache_axes = {n: {0: "batch", 3 if n.endswith(".key") else 2: "frames"} for n in cross_names}
-    _export(
-        encoder,
-        (features,),
-        out / ENCODER_GRAPH,
-        ["input_features"],
-        cross_names,
-        {"input_features": {0: "batch"}, **cache_axes},
+    names = (["input_features"], cross_names)
+    traced_to_onnx(
+        encoder, (features,), out / ENCODER_GRAPH, names, {"input_features": {0: "batch"}, **cache_axes}, OPSET
     )
     # Traced with a non-empty past and several new tokens, so neither length is taken for a constant.
     ids = torch.tensor([prompt[:1] * 3])
@@ -163,14 +141,8 @@ def _export_graphs(model, out: Path, prompt: list[int]) -> None:
         **cache_axes,
         **{n: {0: "batch", 2: "total"} for n in present_names},
     }
-    _export(
-        decoder,
-        (ids, *past, *cross),
-        out / DECODER_GRAPH,
-        ["input_ids", *past_names, *cross_names],
-        ["logits", *present_names],
-        axes,
-    )
+    names = (["input_ids", *past_names, *cross_names], ["logits", *present_names])
+    traced_to_onnx(decoder, (ids, *past, *cross), out / DECODER_GRAPH, names, axes, OPSET)
 
 
 def _probe(model, out: Path, prompt: list[int]) -> float:

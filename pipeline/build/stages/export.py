@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import warnings
 from pathlib import Path
 
 from pipeline.build.accuracy.reference import load_hf_tokenizer, load_torch_model, pooled_module
@@ -35,7 +34,7 @@ from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint, Manifest
 from pipeline.build.memory import release_freed
-from pipeline.build.onnx_files import load_graph, save_graph
+from pipeline.build.onnx_files import load_graph, save_graph, traced_to_onnx
 from pipeline.build.passes.lm_head import last_token_logits
 from pipeline.build.speech.export import onnx_from_speech_checkpoint
 from pipeline.errors import ExportError, PipelineError
@@ -315,23 +314,11 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
         expected = wrapper(*args).numpy()
     if not np.isfinite(expected).all():
         raise ExportError(f"{checkpoint.path}: the PyTorch model itself outputs NaN or inf; its weights are broken")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            torch.onnx.export(
-                wrapper,
-                args,
-                str(out / GRAPH),
-                dynamo=False,
-                opset_version=OPSET,
-                input_names=offered,
-                output_names=[task.output],
-                dynamic_axes=axes,
-                do_constant_folding=True,
-            )
-        except Exception as err:  # torch raises many types while tracing; all mean the same to the user
-            what = f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task}"
-            raise _failed(what, err) from None
+    try:
+        traced_to_onnx(wrapper, args, out / GRAPH, (offered, [task.output]), axes, OPSET)
+    except Exception as err:  # torch raises many types while tracing; all mean the same to the user
+        what = f"torch.onnx could not export {checkpoint.path} ({checkpoint.model_type}) for {checkpoint.task}"
+        raise _failed(what, err) from None
     session = ort.InferenceSession(str(out / GRAPH), providers=["CPUExecutionProvider"])
     try:
         input_names = graph_inputs(session, offered)
