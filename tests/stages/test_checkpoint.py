@@ -382,7 +382,6 @@ def test_run_refuses_config_sizes_that_do_not_fit_the_weights_before_allocating(
 @pytest.mark.parametrize(
     "model_type, what",
     [
-        ("whisper", "a speech model: it needs a feature extractor"),
         ("wav2vec2", "a speech model: it needs a feature extractor"),
         ("clip", "a two-tower image-text model \\(CLIP, SigLIP\\): it needs an image processor and a tokenizer"),
         ("marian", "an encoder-decoder text-to-text model"),
@@ -396,6 +395,15 @@ def test_run_refuses_speech_image_and_text_to_text_models_for_what_they_are(tmp_
     with pytest.raises(InputError, match=f"architecture '{model_type}' is not supported \\({what}") as err:
         _run(folder)
     assert "has no tokenizer" not in str(err.value)
+
+
+def test_run_refuses_a_whisper_checkpoint_for_its_missing_feature_extractor_not_a_tokenizer(tmp_path, tiny_bert):
+    folder = _copy(tiny_bert, tmp_path / "whisper")
+    (folder / "tokenizer.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "whisper", "architectures": None}))
+    with pytest.raises(InputError, match="is a speech model and needs a feature extractor \\(preprocessor_config.json"):
+        _run(folder)
 
 
 def test_run_refuses_a_tokenizer_pattern_that_backtracks_without_bound(tmp_path, tiny_bert):

@@ -41,7 +41,7 @@ from pipeline.errors import ExportError, PipelineError
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 OPSET = 17
-VERSION = 11  # 11: speech models (two graphs)
+VERSION = 12  # 11: speech models (two graphs); 12: their cross-attention keys transposed
 
 
 @dataclasses.dataclass(frozen=True)
