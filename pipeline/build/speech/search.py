@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline.build.accuracy.measured import measured, measurement_key
 from pipeline.build.accuracy.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.build.accuracy.reference import pytorch_outputs
-from pipeline.build.console import progress
+from pipeline.build.console import progress, silenced
 from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.manifest import Manifest, runtime_spec, session_of
 from pipeline.build.recipes.base import Built
@@ -64,18 +64,24 @@ def built_graphs(manifest: Manifest, target: Target, candidate: Candidate, out: 
     out.mkdir(parents=True, exist_ok=True)
     kind = (candidate.engine, candidate.precision, candidate.quantize)
     for name in (ENCODER_GRAPH, DECODER_GRAPH):
-        if kind == ("onnxruntime", "fp32", "none") or (candidate.quantize == "weight_only" and name == ENCODER_GRAPH):
-            shutil.copyfile(export.output(name), out / name)
-        elif kind == ("onnxruntime", "int8", "dynamic"):
-            _int8_dynamic(export.output(name), out / name, target)
-        elif candidate.engine == "onnxruntime" and candidate.quantize == "weight_only":
-            _weight_only(export.output(name), out / name, target, candidate)
-        else:
-            raise TargetError(
-                f"candidate {candidate.name}: speech models are built as onnxruntime fp32, or int8 with quantize = "
-                f'"dynamic" or "weight_only", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
-            )
+        with silenced():  # ONNX Runtime's quantizers log each tensor's parameters, and advise pre-processing
+            _build_graph(export.output(name), out / name, target, candidate, kind)
     return Built(out / ENCODER_GRAPH, "onnxruntime", {})
+
+
+def _build_graph(source: Path, dest: Path, target: Target, candidate: Candidate, kind: tuple) -> None:
+    """One graph of `candidate` (`kind`: engine, precision, quantize) from the export's `source`, into `dest`."""
+    if kind == ("onnxruntime", "fp32", "none") or (candidate.quantize == "weight_only" and dest.name == ENCODER_GRAPH):
+        shutil.copyfile(source, dest)
+    elif kind == ("onnxruntime", "int8", "dynamic"):
+        _int8_dynamic(source, dest, target)
+    elif candidate.engine == "onnxruntime" and candidate.quantize == "weight_only":
+        _weight_only(source, dest, target, candidate)
+    else:
+        raise TargetError(
+            f"candidate {candidate.name}: speech models are built as onnxruntime fp32, or int8 with quantize = "
+            f'"dynamic" or "weight_only", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
+        )
 
 
 def speech_model(manifest: Manifest, target: Target, graph: Path, session: dict):
