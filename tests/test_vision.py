@@ -1,6 +1,7 @@
 """Image encoders end to end: check, build (fp32, and a search on this host's target), validation against PyTorch on
 held-out photographs, the published artifact's embed_images and classify_images, inspect and the CLI."""
 
+import io
 import json
 import subprocess
 import sys
@@ -135,14 +136,42 @@ def test_default_image_data_holds_out_whole_pictures(image_builds):
     }
 
 
-def test_serving_refuses_an_image_artifact_before_it_starts_anything(image_builds, tmp_path):
+def test_triton_export_refuses_an_image_artifact_before_it_writes_anything(image_builds, tmp_path):
     from pipeline.errors import ServingError
-    from pipeline.serving import ray_serve
     from pipeline.serving.triton import repository_from_artifact
 
     artifact = image_builds["vit"][1].published["path"]
-    with pytest.raises(ServingError, match="pipeline serve takes text and speech artifacts so far"):
-        ray_serve.deploy(artifact, port=1)
     with pytest.raises(ServingError, match="Triton export takes text artifacts so far"):
         repository_from_artifact(artifact, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
+
+
+def test_ray_serve_embeds_a_posted_picture_and_refuses_bytes_that_are_none(image_builds, tmp_path):
+    pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
+    import urllib.error
+    import urllib.request
+
+    from PIL import Image
+
+    from pipeline.serving import ray_serve
+    from pipeline.serving.triton_server import free_port
+
+    artifact = image_builds["vit"][1].published["path"]
+    picture = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, size=(40, 60, 3), dtype=np.uint8)).save(picture, "PNG")
+    url = ray_serve.deploy(artifact, port=free_port())
+    try:
+        answers = []
+        for body in (picture.getvalue(), b"not a picture at all"):
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": "image/png"}, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=120) as answer:
+                    answers.append((answer.status, json.load(answer)))
+            except urllib.error.HTTPError as err:
+                answers.append((err.code, json.loads(err.read())))
+    finally:
+        ray_serve.shutdown()
+    status, answer = answers[0]
+    expected = load(artifact).run([picture.getvalue()])
+    assert status == 200 and np.allclose(np.asarray(next(iter(answer.values()))), expected, atol=1e-4)
+    assert answers[1][0] == 400 and "error" in answers[1][1]

@@ -42,6 +42,7 @@ from pipeline.serving.requests import (
     check_seconds,
     read_audio,
     read_body,
+    read_image,
     read_texts,
 )
 
@@ -138,6 +139,7 @@ def _deployment():
             bind_replica_grpc_to_node_ip()
             self.model = load(artifact, intra_op_threads=threads)
             self.key = answer_key(self.model.task)
+            self.image = getattr(self.model, "modality", "text") == "image"
             self.limits = limits
             self.reading = 0  # bodies being read; only the replica's event loop changes it
             self.batched.set_max_batch_size(max_batch_size)
@@ -212,7 +214,10 @@ def _deployment():
             if not isinstance(body, bytes):
                 return body
             try:
-                texts = read_audio(body) if self.key == "texts" else read_texts(body, self.limits["max_texts"])
+                if self.image:
+                    texts = read_image(body)
+                else:
+                    texts = read_audio(body) if self.key == "texts" else read_texts(body, self.limits["max_texts"])
             except InputError as err:
                 return error(400, err)
             answer = await self.batched(texts)
@@ -255,11 +260,6 @@ def deploy(
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
     }
     manifest = verify_artifact(artifact)
-    if manifest["model"].get("modality", "text") == "image":  # its run() reads file paths: never a client's
-        raise ServingError(
-            f"pipeline serve takes text and speech artifacts so far; {artifact} is {manifest['model']['task']}, "
-            "whose requests would carry pictures; run it in process with pipeline.runtime.load"
-        )
     if address:
         check_reachable(address)
     else:

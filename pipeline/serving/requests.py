@@ -18,6 +18,7 @@ BODY_TIMEOUT_S = 10.0
 MAX_BODY_READS = 128
 USAGE = 'POST JSON {"texts": ["a text", ...]}'
 AUDIO_USAGE = "POST the bytes of one PCM WAV file (Content-Type: audio/wav)"
+IMAGE_USAGE = "POST the bytes of one image file (PNG, JPEG, ...; Content-Type: image/png or the like)"
 MAX_AUDIO_SECONDS = 600.0  # a request's audio: twenty windows of 30 s
 
 
@@ -28,6 +29,15 @@ def answer_key(task: str) -> str:
         "automatic-speech-recognition": "texts",
     }
     return keys.get(task, "logits")
+
+
+def read_image(body: bytes) -> list:
+    """The one picture of an image request: its file's bytes, never a path (the runtime reads paths; a client names
+    none), else a one-line InputError. Pillow decodes it in the batch, which refuses a picture over its pixel limit
+    from the header."""
+    if not body:
+        raise InputError(f"the request has no body; {IMAGE_USAGE}")
+    return [bytes(body)]
 
 
 def read_audio(body: bytes) -> list:
