@@ -187,3 +187,27 @@ def edit_manifest(folder: Path, change, reseal: bool = True) -> None:
     if reseal:
         manifest["manifest_sha256"] = manifest_digest(manifest)
     path.write_text(json.dumps(manifest))
+
+
+def served_answers(artifact, bodies: list[bytes], content_type: str, **options) -> list[tuple[int, dict]]:
+    """Deploy `artifact` on Ray Serve (loopback, a free port), POST each of `bodies` as `content_type` in turn, shut
+    it down; each answer's (status, JSON body)."""
+    import urllib.error
+    import urllib.request
+
+    from pipeline.serving import ray_serve
+    from pipeline.serving.triton_server import free_port
+
+    url = ray_serve.deploy(artifact, port=free_port(), **options)
+    answers = []
+    try:
+        for body in bodies:
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=120) as answer:
+                    answers.append((answer.status, json.load(answer)))
+            except urllib.error.HTTPError as err:
+                answers.append((err.code, json.loads(err.read())))
+    finally:
+        ray_serve.shutdown()
+    return answers

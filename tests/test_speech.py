@@ -135,26 +135,11 @@ def test_transcribe_refuses_bad_audio_in_one_line(tiny_random_whisper, tmp_path)
 
 def test_ray_serve_transcribes_a_posted_wav_and_refuses_what_is_not_one(tiny_random_whisper, tmp_path):
     pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
-    import urllib.error
-    import urllib.request
-
-    from pipeline.serving import ray_serve
-    from pipeline.serving.triton_server import free_port
+    from .conftest import served_answers
 
     artifact = _build(tiny_random_whisper, tmp_path).published["path"]
     clip = synthesize(SENTENCES[1])
     wav = write_wav(tmp_path / "clip.wav", clip).read_bytes()
-    url = ray_serve.deploy(artifact, port=free_port(), max_body_bytes=4 << 20)
-    try:
-        answers = []
-        for body in (wav, b"RIFF but not a wave file"):
-            request = urllib.request.Request(url, data=body, headers={"Content-Type": "audio/wav"}, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=120) as answer:
-                    answers.append((answer.status, json.load(answer)))
-            except urllib.error.HTTPError as err:
-                answers.append((err.code, json.loads(err.read())))
-    finally:
-        ray_serve.shutdown()
+    answers = served_answers(artifact, [wav, b"RIFF but not a wave file"], "audio/wav", max_body_bytes=4 << 20)
     assert answers[0] == (200, {"texts": [load(artifact).transcribe(tmp_path / "clip.wav")]})
     assert answers[1][0] == 400 and "POST the bytes of one PCM WAV file" in answers[1][1]["error"]

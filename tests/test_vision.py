@@ -148,29 +148,14 @@ def test_triton_export_refuses_an_image_artifact_before_it_writes_anything(image
 
 def test_ray_serve_embeds_a_posted_picture_and_refuses_bytes_that_are_none(image_builds, tmp_path):
     pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
-    import urllib.error
-    import urllib.request
-
     from PIL import Image
 
-    from pipeline.serving import ray_serve
-    from pipeline.serving.triton_server import free_port
+    from .conftest import served_answers
 
     artifact = image_builds["vit"][1].published["path"]
     picture = io.BytesIO()
     Image.fromarray(np.random.default_rng(3).integers(0, 256, size=(40, 60, 3), dtype=np.uint8)).save(picture, "PNG")
-    url = ray_serve.deploy(artifact, port=free_port())
-    try:
-        answers = []
-        for body in (picture.getvalue(), b"not a picture at all"):
-            request = urllib.request.Request(url, data=body, headers={"Content-Type": "image/png"}, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=120) as answer:
-                    answers.append((answer.status, json.load(answer)))
-            except urllib.error.HTTPError as err:
-                answers.append((err.code, json.loads(err.read())))
-    finally:
-        ray_serve.shutdown()
+    answers = served_answers(artifact, [picture.getvalue(), b"not a picture at all"], "image/png")
     status, answer = answers[0]
     expected = load(artifact).run([picture.getvalue()])
     assert status == 200 and np.allclose(np.asarray(next(iter(answer.values()))), expected, atol=1e-4)
