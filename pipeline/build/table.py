@@ -29,7 +29,7 @@ from pipeline.build.inputs.data import (
 )
 from pipeline.build.inputs.image_data import default_image_data
 from pipeline.build.inputs.speech_data import default_speech_data
-from pipeline.build.inputs.targets import TARGETS_DIR
+from pipeline.build.inputs.targets import TARGETS_DIR, available_targets, load_target
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Manifest
 from pipeline.build.recipes import checked_target
@@ -76,7 +76,7 @@ def _check_candidates(spec, family: str) -> None:
     flags = cpu_flags() or frozenset()
     candidates = spec.family_candidates(family)
     if family == "speech" and not candidates:
-        having = sorted(p.stem for p in TARGETS_DIR.glob("*.toml") if 'family = "speech"' in p.read_text())
+        having = [name for name in available_targets() if load_target(name).family_candidates("speech")]
         raise TargetError(
             f"target {spec.name} lists no [[candidates]] for speech models, which are built by the engine search "
             f"only; build for one that does ({', '.join(having) or 'none'}), or add speech candidates to it"

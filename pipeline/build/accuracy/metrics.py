@@ -322,7 +322,9 @@ def measure(
     teacher = reference.get("teacher") if metric == "generation" else reference if metric == "transcription" else None
     known = bool(teacher) and batched_teacher is not None
     single = outputs(model, texts, metric, 1, new_tokens, teacher)
-    batched = outputs(model, texts, metric, batch_size, new_tokens, None if known else teacher)
+    # A clip's teacher-forced logits are one clip's run whatever the batch: measured once, at batch size 1.
+    once = known or metric == "transcription"
+    batched = outputs(model, texts, metric, batch_size, new_tokens, None if once else teacher)
     if known:
         batched["teacher"] = batched_teacher
     stats = worst(compare(metric, reference, single), compare(metric, reference, batched))

@@ -16,7 +16,7 @@ from pipeline.build.accuracy.metrics import NOT_MEASURED, closeness, failures
 from pipeline.build.console import note, progress
 from pipeline.build.inputs.targets import Candidate
 from pipeline.build.recipes import ROW_COLUMNS, recipe_for
-from pipeline.build.timing import NO_SPINNING, alternate
+from pipeline.build.timing import NO_SPINNING, alternate, median_range, time_until_stable
 from pipeline.errors import PipelineError
 
 __all__ = ["NO_SPINNING", "CannotWin", "Screen", "attach_timings", "candidate_row", "judge_candidates"]
@@ -136,6 +136,22 @@ def _one_line(err: Exception) -> str:
     if not isinstance(err, PipelineError):
         line = f"{type(err).__name__}: {line}" if line else type(err).__name__
     return line[:300]
+
+
+def time_shapes(calls: dict, total: int, max_rounds: int, budget_s: float) -> tuple[dict, dict]:
+    """(each candidate's ms at each shape as [median, p10, p90], each candidate's seconds of timing, its warm-up
+    included) of `calls` ({shape: {candidate: zero-argument call}}, which may be a generator of `total` shapes):
+    candidates alternating run by run after a warm-up each, for 3 to `max_rounds` rounds, fewer where the spread
+    settles within 5% or past `budget_s`."""
+    timings: dict = {}
+    seconds: dict = {}
+    for shape, by_name in progress(calls, "search: timing", total=total):
+        runners = {name: (lambda _, call=call: call()) for name, call in by_name.items()}
+        runs = time_until_stable(runners, None, 3, max_rounds, spread=0.05, budget_s=budget_s, warmups=1)
+        for name, run in runs.items():
+            timings.setdefault(name, {})[shape] = [round(v, 3) for v in median_range(run["ms"])]
+            seconds[name] = seconds.get(name, 0.0) + sum(run["ms"]) * (1 + 1 / len(run["ms"])) / 1000
+    return timings, seconds
 
 
 def attach_timings(rows: list[dict], timings: dict, seconds: dict | None = None) -> None:

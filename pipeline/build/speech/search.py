@@ -19,12 +19,11 @@ from pathlib import Path
 from pipeline.build.accuracy.measured import measured, measurement_key
 from pipeline.build.accuracy.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.build.accuracy.reference import pytorch_outputs
-from pipeline.build.console import progress, silenced
+from pipeline.build.console import silenced
 from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.manifest import Manifest, runtime_spec, session_of
 from pipeline.build.recipes.base import Built
-from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates
-from pipeline.build.timing import median_range, time_until_stable
+from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates, time_shapes
 from pipeline.errors import TargetError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH
 
@@ -93,16 +92,12 @@ def speech_model(manifest: Manifest, target: Target, graph: Path, session: dict)
 
 def _time(models: dict, clips: list, batch: int) -> tuple[dict, dict]:
     """Each model's ms transcribing the development clips one at a time and as one batch, alternating."""
-    timings = {name: {} for name in models}
-    seconds = dict.fromkeys(models, 0.0)
     shapes = {"clip_1": (clips[:1], 1), f"clips_{len(clips)}": (clips, batch)}
-    for shape, (work, size) in progress(shapes.items(), "search: timing", total=len(shapes)):
-        runners = {name: (lambda _, m=m, w=work, n=size: m.transcribe(w, batch_size=n)) for name, m in models.items()}
-        runs = time_until_stable(runners, None, 3, 5, spread=0.05, budget_s=30.0, warmups=1)
-        for name in models:
-            timings[name][shape] = [round(v, 3) for v in median_range(runs[name]["ms"])]
-            seconds[name] += sum(runs[name]["ms"]) / 1000
-    return timings, seconds
+    calls = {
+        shape: {name: (lambda m=m, w=work, n=size: m.transcribe(w, batch_size=n)) for name, m in models.items()}
+        for shape, (work, size) in shapes.items()
+    }
+    return time_shapes(calls.items(), len(calls), max_rounds=5, budget_s=30.0)
 
 
 def search_speech(manifest: Manifest, target: Target, texts: dict, flags, out: Path):

@@ -33,18 +33,17 @@ from pipeline.build.accuracy.measured import measured, measurement_key
 from pipeline.build.accuracy.metrics import compare, development_gate, failures, measure, outputs
 from pipeline.build.accuracy.reference import pytorch_outputs
 from pipeline.build.cache import StageSpec, run_cached
-from pipeline.build.console import progress
 from pipeline.build.inputs.architectures import architecture_of
 from pipeline.build.inputs.data import read_texts, texts_digest
 from pipeline.build.inputs.targets import Candidate, Target
 from pipeline.build.inputs.tasks import TASKS
 from pipeline.build.manifest import Manifest, candidate_model, examples, session_of
 from pipeline.build.recipes import Job, build_candidate
-from pipeline.build.search.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates
+from pipeline.build.search.candidates import NO_SPINNING, Screen, attach_timings, judge_candidates, time_shapes
 from pipeline.build.search.decoders import search_decoders
 from pipeline.build.search.development import calibration_texts, development_split, filled_examples
 from pipeline.build.speech.search import search_speech
-from pipeline.build.timing import median_range, relative_scores, time_until_stable, token_rows
+from pipeline.build.timing import relative_scores, token_rows
 from pipeline.errors import AccuracyError
 from pipeline.runtime.host import cpu_flags, kernel_class
 
@@ -136,17 +135,9 @@ def _runner(work, batch: int):
 def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
     """(each model's ms at each workload as [median, p10, p90], each model's seconds of timing): alternating
     models run by run after a warm-up each, for 3 to 7 rounds, fewer where the spread settles within 5%."""
-    first = next(iter(models.values()))
-    timings = {name: {} for name in models}
-    seconds = dict.fromkeys(models, 0.0)
-    for shape, work in progress(_workloads(first, texts, batch).items(), "search: timing", total=3):
-        calls = {name: _runner(work, batch)(model) for name, model in models.items()}
-        runners = {name: (lambda _, call=call: call()) for name, call in calls.items()}
-        runs = time_until_stable(runners, None, 3, 7, spread=0.05, budget_s=20.0, warmups=1)
-        for name in models:
-            timings[name][shape] = [round(v, 3) for v in median_range(runs[name]["ms"])]
-            seconds[name] += sum(runs[name]["ms"]) * (1 + 1 / len(runs[name]["ms"])) / 1000  # with its warm-up
-    return timings, seconds
+    workloads = _workloads(next(iter(models.values())), texts, batch).items()
+    calls = ((shape, {name: _runner(work, batch)(m) for name, m in models.items()}) for shape, work in workloads)
+    return time_shapes(calls, 3, max_rounds=7, budget_s=20.0)
 
 
 def screen_shapes(model, texts: list) -> dict:
