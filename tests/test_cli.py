@@ -140,7 +140,9 @@ def test_cli_generate_shows_each_prompt_then_streams_its_text_then_its_end(publi
 def test_cli_generate_refuses_encoder_artifact_and_bad_settings(published, published_gpt2):
     out = _cli("generate", str(published), "hello")
     assert out.returncode == 1
-    assert "is a feature-extraction artifact; generate needs a text-generation one" in out.stderr
+    assert (
+        "is a feature-extraction artifact; generate needs a text-generation or text2text-generation one" in out.stderr
+    )
     out = _cli("generate", str(published_gpt2), "hello", "--top-p", "2")
     assert out.returncode == 3 and "top_p=2.0 must be a number in (0, 1]" in out.stderr
 

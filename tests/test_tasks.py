@@ -15,6 +15,7 @@ from pipeline.runtime import artifact as artifact_schema
 from pipeline.runtime import load
 
 from .tiny import DECODERS, HEADS, make_checkpoint, make_decoder, make_sentence_transformer
+from .tiny_text2text import FAMILIES as TEXT2TEXT_FAMILIES
 
 # Families the table does not hold, built from a fresh process on the generic record that optimum-onnx's registry
 # gives them (the registry fills only once its ONNX configs are imported: a fresh CLI process found none).
@@ -85,15 +86,20 @@ TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2")
 TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification")
 # Tested in tests/test_speech.py: a tiny random Whisper and Whisper tiny.en.
 TESTED_SPEECH, TESTED_SPEECH_TASKS = ("whisper",), ("automatic-speech-recognition",)
+# Tested in tests/test_text2text.py: a tiny random model of each.
+TESTED_TEXT2TEXT, TESTED_TEXT2TEXT_TASKS = tuple(TEXT2TEXT_FAMILIES), ("text2text-generation",)
 
 
 def test_every_table_row_has_a_test():
     tested = set(TESTED_ENCODERS) | set(TESTED_DECODERS) | set(TESTED_IMAGE_ENCODERS) | set(TESTED_SPEECH)
+    tested |= set(TESTED_TEXT2TEXT)
     assert tested == set(ARCHITECTURES)
     decoders = {a for a in ARCHITECTURES if ARCHITECTURES[a].family == "decoder"}
     assert decoders == set(TESTED_DECODERS) == set(DECODERS) - set(GENERIC)
     assert not set(GENERIC) & set(ARCHITECTURES)
-    assert set(TESTED_TASKS) | set(TESTED_IMAGE_TASKS) | set(TESTED_SPEECH_TASKS) == set(TASKS)
+    assert set(TESTED_TASKS) | set(TESTED_IMAGE_TASKS) | set(TESTED_SPEECH_TASKS) | set(TESTED_TEXT2TEXT_TASKS) == set(
+        TASKS
+    )
     # The runtime's manifest schema lists the tasks apart (it imports nothing of the build): the two agree.
     assert set(artifact_schema.TASKS) == set(TASKS)
 

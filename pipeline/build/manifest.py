@@ -166,7 +166,8 @@ def candidate_model(manifest: Manifest, target, graph_path=None, backend: str | 
 
 
 def examples(texts: list, task: str, generation) -> list:
-    """The held-out (or calibration) examples a build uses: decoders take the first `generation.prompts`."""
-    if task != "text-generation":
+    """The held-out (or calibration) examples a build uses: generators (decoders, text-to-text models) take the
+    first `generation.prompts`."""
+    if task not in ("text-generation", "text2text-generation"):
         return texts
     return texts[: generation.prompts]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.build import faults
 from pipeline.build.cache import leases
-from pipeline.build.inputs.architectures import architecture_of
+from pipeline.build.inputs.architectures import ENCODER_DECODER_FAMILIES, architecture_of
 from pipeline.build.inputs.data import (
     AUDIO_SUFFIXES,
     DEFAULT_CALIBRATION,
@@ -75,11 +75,11 @@ def _check_candidates(spec, family: str) -> None:
 
     flags = cpu_flags() or frozenset()
     candidates = spec.family_candidates(family)
-    if family == "speech" and not candidates:
-        having = [name for name in available_targets() if load_target(name).family_candidates("speech")]
+    if family in ENCODER_DECODER_FAMILIES and not candidates:
+        having = [name for name in available_targets() if load_target(name).family_candidates(family)]
         raise TargetError(
-            f"target {spec.name} lists no [[candidates]] for speech models, which are built by the engine search "
-            f"only; build for one that does ({', '.join(having) or 'none'}), or add speech candidates to it"
+            f"target {spec.name} lists no [[candidates]] for {family} models, which are built by the engine search "
+            f"only; build for one that does ({', '.join(having) or 'none'}), or add {family} candidates to it"
         )
     missing = [sorted(set(c.required_cpu_flags) - flags) for c in candidates]
     if candidates and all(missing):

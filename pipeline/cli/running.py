@@ -127,7 +127,8 @@ def transcribe(artifact, audio, max_new_tokens) -> None:
 @click.option("--chat", is_flag=True, help="send each prompt as one user message through the chat template")
 def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat) -> None:
     """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come. With --chat, each
-    prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need)."""
+    prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need).
+    A text-to-text ARTIFACT (T5, BART, Marian) prints each prompt's output on a line, decoded greedily."""
     from pipeline.runtime import load
 
     settings = {
@@ -140,8 +141,13 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
     if seed is not None and seed.isascii() and seed.strip().removeprefix("-").isdigit():
         seed = int(seed)  # anything else goes to the runtime as given, which names what it takes
     model = load(artifact)
+    if getattr(model, "task", None) == "text2text-generation":
+        _text2text(model, prompts, max_new_tokens, {**settings, "seed": seed, "chat": chat or None})
+        return
     if not hasattr(model, "stream"):
-        raise PipelineError(f"{artifact} is a {model.task} artifact; generate needs a text-generation one")
+        raise PipelineError(
+            f"{artifact} is a {model.task} artifact; generate needs a text-generation or text2text-generation one"
+        )
     # One prompt at a time, so that each one's text streams out whole before the next begins. The prompt comes
     # first (dimmed on a terminal; click drops the style elsewhere), the continuation after it.
     started = set()
@@ -158,3 +164,17 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
         click.echo(event.text, nl=False)
         if event.finish_reason:
             click.echo(f"\n[{event.finish_reason}]")
+
+
+def _text2text(model, texts, max_new_tokens, others: dict) -> None:
+    """Print a text-to-text artifact's greedy output of each text, one a line."""
+    from pipeline.ops.summary import printable
+
+    asked = sorted(k for k, v in others.items() if v not in (None, [], False) and k != "max_new_tokens")
+    if asked:
+        raise InputError(
+            f"a text2text-generation artifact decodes greedily; {', '.join('--' + a.replace('_', '-') for a in asked)}"
+            " apply to text-generation artifacts only: leave them out"
+        )
+    for text in model.generate(list(texts), max_new_tokens=max_new_tokens):
+        click.echo(printable(text))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.build.inputs.architectures import architecture_of
+from pipeline.build.inputs.architectures import ENCODER_DECODER_FAMILIES, architecture_of
 from pipeline.build.manifest import Manifest
 from pipeline.build.passes.fusions import fused_passes
 from pipeline.build.recipes import checked_target
@@ -53,7 +53,7 @@ def check(model: str | Path, target: str = "native") -> dict:
         missing = sorted(set(candidate.required_cpu_flags) - flags)
         candidates.append({"name": candidate.name, "buildable": not missing, "missing_flags": missing})
     passes = fused_passes(arch.ort_model_type, arch.attention_fusion) if arch.ort_model_type else "generic passes only"
-    if arch.family == "speech":
+    if arch.family in ENCODER_DECODER_FAMILIES:
         passes = "none at build time (two graphs; ONNX Runtime fuses at load)"
     return {
         "model": info.path,
@@ -65,7 +65,7 @@ def check(model: str | Path, target: str = "native") -> dict:
         "max_length": info.max_length,
         "target": spec.name,
         "passes": passes
-        if spec.optimize.fusions or arch.family == "speech"
+        if spec.optimize.fusions or arch.family in ENCODER_DECODER_FAMILIES
         else "generic passes only (the target turns fusions off)",
         "attention": _attention_plan(arch, info.path) if arch.family == "decoder" else "exported as is",
         "candidates": candidates,

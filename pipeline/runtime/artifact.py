@@ -42,6 +42,7 @@ TASKS = (
     "image-feature-extraction",
     "image-classification",
     "automatic-speech-recognition",
+    "text2text-generation",
 )
 # What `pipeline inspect` reads beside the loader's fields, where present: absent or of this kind.
 _OPTIONAL_FIELDS = {
@@ -91,7 +92,7 @@ _SETTINGS = {
         f"{TOKENIZER_NAME} or {IMAGE_PROCESSOR}",
     ),
     ("model", "modality"): (lambda v: v in ("text", "image", "audio"), "text, image or audio"),
-    # A speech artifact's decoder beside its encoder, cache layout and decoding settings.
+    # A speech or text-to-text artifact's decoder beside its encoder, cache layout and decoding settings.
     ("model", "decoder_graph"): (lambda v: v == DECODER_GRAPH, DECODER_GRAPH),
     ("model", "layers"): (lambda v: _count(v) and 0 < v <= 1024, "an int from 1 to 1024"),
     ("model", "heads"): (lambda v: _count(v) and 0 < v <= 1024, "an int from 1 to 1024"),
@@ -101,6 +102,9 @@ _SETTINGS = {
     ("model", "suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of ids"),
     ("model", "begin_suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "ids"),
     ("model", "max_length"): (lambda v: _count(v) and v > 0, "a positive int"),
+    ("model", "max_source_length"): (lambda v: _count(v) and v > 0, "a positive int"),
+    ("model", "source_pad_id"): (_count, "an id"),
+    ("model", "forced_eos_token_id"): (lambda v: v is None or _count(v), "an id or null"),
     ("model", "batch_size"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "inputs"): (_strings, "a list of strings"),
     ("model", "past"): (_strings, "a list of strings"),

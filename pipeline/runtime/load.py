@@ -46,6 +46,10 @@ def open_model(
         from pipeline.runtime.speech import open_speech_model
 
         return open_speech_model(graph_path, tokenizer_path, spec, providers, session, backend)
+    if spec["task"] == "text2text-generation":
+        from pipeline.runtime.text2text import open_text2text_model
+
+        return open_text2text_model(graph_path, tokenizer_path, spec, providers, session, backend)
     if engine is not None:
         from pipeline.runtime.backends.tensorrt import TensorRTSession
 

@@ -4,7 +4,7 @@
     artifacts/<model>/v<N>/<target>/
       model.onnx | model.xml + model.bin   the graph (ONNX Runtime, TensorRT | OpenVINO), [<graph>.data] beside it
       model.int8.onnx                      a TensorRT target's int8 Q/DQ graph, beside its fp16 model.onnx
-      encoder.onnx + decoder.onnx          a speech model's two graphs, in place of model.onnx
+      encoder.onnx + decoder.onnx          a speech or text-to-text model's two graphs, in place of model.onnx
       tokenizer.json | preprocessor_config.json   what turns input into the graph's tensors (text | pictures)
       report.json                          the build's timings and stage metrics (hashed, not the identity)
       manifest.json                        names and hashes every file above; the loader verifies it first
@@ -19,5 +19,5 @@ INT8_GRAPH = "model.int8.onnx"
 OPENVINO_GRAPH = "model.xml"
 OPENVINO_WEIGHTS = "model.bin"
 DATA_SUFFIX = ".data"  # a graph's weights that did not fit in it: `<graph name>.data`, beside it
-ENCODER_GRAPH = "encoder.onnx"  # a speech model's audio encoder (it also computes the cross-attention cache)
-DECODER_GRAPH = "decoder.onnx"  # a speech model's text decoder, one step with its self-attention cache
+ENCODER_GRAPH = "encoder.onnx"  # a speech or text-to-text encoder (it also computes the cross-attention cache)
+DECODER_GRAPH = "decoder.onnx"  # its text decoder, one step with its self-attention cache

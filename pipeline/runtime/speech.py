@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.audio import MAX_SECONDS, SAMPLE_RATE, log_mel_features, read_wav, windows
-from pipeline.runtime.text import open_tokenizer
+from pipeline.runtime.seq2seq import EncoderDecoder
 
 TASKS = ("transcribe", "translate")
 
@@ -43,7 +43,7 @@ def check_audio(audio, call: str = "transcribe()") -> np.ndarray:
     return samples.astype(np.float32, copy=False)
 
 
-class SpeechModel:
+class SpeechModel(EncoderDecoder):
     """A loaded speech artifact: `transcribe(audio)`, and the teacher-forced `logits` its gate reads.
 
     `encoder` and `decoder` are sessions with ONNX Runtime's `run(names, feeds)`."""
@@ -52,16 +52,9 @@ class SpeechModel:
     modality = "audio"
 
     def __init__(self, encoder, decoder, tokenizer_path: Path, spec: dict, backend: str = "onnxruntime"):
-        self.spec, self.backend = spec, backend
-        self.encoder, self.decoder = encoder, decoder
-        self.tokenizer = open_tokenizer(tokenizer_path)
-        self.layers, self.n_mels = int(spec["layers"]), int(spec["n_mels"])
-        self.past_names = [f"past.{i}.{p}" for i in range(self.layers) for p in ("key", "value")]
-        self.cross_names = [f"cross.{i}.{p}" for i in range(self.layers) for p in ("key", "value")]
-        self.eos = np.array(spec["eos_token_ids"], dtype=np.int64)
-        self.suppress = np.array(spec["suppress_tokens"], dtype=np.int64)
+        super().__init__(encoder, decoder, tokenizer_path, spec, backend)
+        self.n_mels = int(spec["n_mels"])
         self.begin_suppress = np.array(spec["begin_suppress_tokens"], dtype=np.int64)
-        self.batch_size = int(spec.get("batch_size") or 8)
 
     def prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
         """The decoder's first tokens; a multilingual model's language token where `language` names one."""
@@ -99,15 +92,6 @@ class SpeechModel:
         return dict(
             zip(self.cross_names, self.encoder.run(self.cross_names, {"input_features": features}), strict=True)
         )
-
-    def step(self, ids: np.ndarray, past: dict, cross: dict) -> tuple[np.ndarray, dict]:
-        """Logits [b, s, vocab] of new tokens `ids` and the grown cache."""
-        outs = self.decoder.run(None, {"input_ids": ids, **past, **cross})
-        return outs[0], dict(zip(self.past_names, outs[1:], strict=True))
-
-    def empty_cache(self, batch: int) -> dict:
-        shape = (batch, int(self.spec["heads"]), 0, int(self.spec["head_dim"]))
-        return {name: np.zeros(shape, np.float32) for name in self.past_names}
 
     def _languages(self, cross: dict) -> np.ndarray:
         """Each window's most likely language token (multilingual models), from one step on the start token."""
@@ -191,15 +175,7 @@ def open_speech_model(
     encoder_path: Path, tokenizer_path: Path, spec: dict, providers=None, session=None, backend="onnxruntime"
 ):
     """A SpeechModel over an artifact's encoder graph and the decoder graph beside it, on ONNX Runtime."""
-    from pipeline.errors import ArtifactError
-    from pipeline.runtime.backends.onnxruntime import open_session
-    from pipeline.runtime.schema import DECODER_GRAPH
+    from pipeline.runtime.backends.onnxruntime import open_encoder_decoder
 
-    if spec.get("decoder_graph") != DECODER_GRAPH or backend != "onnxruntime":
-        raise ArtifactError(
-            f"{encoder_path.parent}: a speech artifact runs {DECODER_GRAPH} beside its encoder on ONNX Runtime; this "
-            f"one names {spec.get('decoder_graph')!r} on {backend}. Rebuild it"
-        )
-    encoder = open_session(encoder_path, session, providers)
-    decoder = open_session(encoder_path.parent / DECODER_GRAPH, session, providers)
+    encoder, decoder = open_encoder_decoder(encoder_path, spec, session, providers, backend, "speech")
     return SpeechModel(encoder, decoder, tokenizer_path, spec, backend)

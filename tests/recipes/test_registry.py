@@ -111,7 +111,7 @@ def test_a_rows_block_columns_are_filled_only_by_recipes_that_have_them():
         ),
         (
             {"engine": "onnxruntime", "precision": "int8", "quantize": "weight_only"},
-            r"recipe weight-only builds family decoder, speech, not 'encoder'; set family",
+            r"recipe weight-only builds family decoder, speech, text2text, not 'encoder'; set family",
         ),
         ({"engine": "openvino", "precision": "int4"}, r"recipe openvino builds precision fp32, bf16, not 'int4'"),
     ],

@@ -54,12 +54,12 @@ def test_run_refuses_folder_without_config(tmp_path):
 
 
 def test_run_refuses_unsupported_architecture(tmp_path, tiny_bert):
-    folder = tmp_path / "t5"
+    folder = tmp_path / "pegasus"
     shutil.copytree(tiny_bert, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "pegasus"}))
     with pytest.raises(
-        InputError, match=r"'t5' is not supported \(an encoder-decoder text-to-text model.*\); supported: albert"
+        InputError, match=r"'pegasus' is not supported \(an encoder-decoder text-to-text model.*\); supported: albert"
     ):
         _run(folder)
 
@@ -384,7 +384,7 @@ def test_run_refuses_config_sizes_that_do_not_fit_the_weights_before_allocating(
     [
         ("wav2vec2", "a speech model: it needs a feature extractor"),
         ("clip", "a two-tower image-text model \\(CLIP, SigLIP\\): it needs an image processor and a tokenizer"),
-        ("marian", "an encoder-decoder text-to-text model"),
+        ("pegasus", "an encoder-decoder text-to-text model"),
     ],
 )
 def test_run_refuses_speech_image_and_text_to_text_models_for_what_they_are(tmp_path, tiny_bert, model_type, what):

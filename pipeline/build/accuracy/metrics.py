@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from pipeline.build.accuracy.tokens import greedy_stats
 from pipeline.build.inputs.targets import Accuracy
 
 # metric name -> (threshold field, True when higher is better)
@@ -48,18 +49,6 @@ def _top_k(vectors: np.ndarray, k: int) -> np.ndarray:
     sims = unit @ unit.T
     np.fill_diagonal(sims, -np.inf)
     return np.argsort(-sims, axis=1)[:, :k]
-
-
-def greedy_stats(reference: list, candidate: list) -> dict:
-    """How far greedy continuations agree: the share of prompts that match token for token, and the mean share
-    of each reference continuation reproduced before the first differing token."""
-    exact, prefix = [], []
-    for ref, cand in zip(reference, candidate, strict=True):
-        ref, cand = list(ref), list(cand)
-        same = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b), min(len(ref), len(cand)))
-        exact.append(ref == cand)
-        prefix.append(same / max(len(ref), 1))
-    return {"greedy_match": float(np.mean(exact)), "greedy_prefix_agreement": float(np.mean(prefix))}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -147,6 +136,10 @@ def compare(metric: str, reference, candidate) -> dict:
         from pipeline.build.speech.gate import speech_stats
 
         return speech_stats(reference, candidate)
+    if metric == "text2text":
+        from pipeline.build.text2text.gate import text2text_stats
+
+        return text2text_stats(reference, candidate)
     if metric == "token-classification":
         reference, candidate = np.concatenate(reference), np.concatenate(candidate)
     reference = np.asarray(reference, dtype=np.float64)
@@ -304,6 +297,10 @@ def outputs(model, texts: list[str], metric: str, batch_size: int, new_tokens: i
         from pipeline.build.speech.gate import speech_outputs
 
         return speech_outputs(model, texts, batch_size, teacher)
+    if metric == "text2text":
+        from pipeline.build.text2text.gate import text2text_outputs
+
+        return text2text_outputs(model, texts, batch_size, teacher)
     if metric != "generation":
         return model.run(texts, batch_size=batch_size)
     completions = model.generate(texts, batch_size=batch_size, max_new_tokens=new_tokens, do_sample=False)
@@ -319,11 +316,12 @@ def measure(
     """Statistics of the model at batch size 1 and at `batch_size`, the worse of each; for embeddings also how far
     one text's vector moves between the two (`batch_spread_max_abs`: dynamic int8 depends on what shares a batch).
     `batched_teacher`: the model's `teacher_outputs` at `batch_size`, where the caller has them already."""
-    teacher = reference.get("teacher") if metric == "generation" else reference if metric == "transcription" else None
+    along = metric in ("transcription", "text2text")  # the reference's own outputs are what the decoder is fed
+    teacher = reference.get("teacher") if metric == "generation" else reference if along else None
     known = bool(teacher) and batched_teacher is not None
     single = outputs(model, texts, metric, 1, new_tokens, teacher)
-    # A clip's teacher-forced logits are one clip's run whatever the batch: measured once, at batch size 1.
-    once = known or metric == "transcription"
+    # An input's teacher-forced logits are one input's run whatever the batch: measured once, at batch size 1.
+    once = known or along
     batched = outputs(model, texts, metric, batch_size, new_tokens, None if once else teacher)
     if known:
         batched["teacher"] = batched_teacher

@@ -210,6 +210,10 @@ def pytorch_outputs(checkpoint: Checkpoint, texts: list, new_tokens: int = 0):
         from pipeline.build.speech.gate import speech_reference
 
         return _remembered(_request(checkpoint, texts, new_tokens), lambda: speech_reference(checkpoint, texts))
+    if checkpoint.task == "text2text-generation":
+        from pipeline.build.text2text.gate import text2text_reference
+
+        return _remembered(_request(checkpoint, texts, new_tokens), lambda: text2text_reference(checkpoint, texts))
     return _remembered(_request(checkpoint, texts, new_tokens), lambda: _pytorch_outputs(checkpoint, texts))
 
 

@@ -18,7 +18,7 @@ class Task:
     auto_class: str
     output: str
     metric: str  # "embedding" | "classification" | "token-classification" | "fill-mask" | "span" | "generation"
-    family: str  # the architecture family that can serve it: "encoder" | "decoder" | "speech"
+    family: str  # the architecture family that can serve it: "encoder" | "decoder" | "speech" | "text2text"
     per_token: bool = False
     labelled: bool = False
     modality: str = "text"  # what the model takes: "text" (a tokenizer), "image" or "audio" (a processor's settings)
@@ -70,6 +70,9 @@ TASKS = {
             "speech",
             modality="audio",
         ),
+        # Translation and summarization: a text encoder and a text decoder (T5, BART, Marian, M2M100), judged on
+        # the tokens it writes.
+        Task("text2text-generation", "AutoModelForSeq2SeqLM", "logits", "text2text", "text2text"),
     )
 }
 
@@ -91,4 +94,5 @@ DEFAULT_TASK = {
     "decoder": "text-generation",
     "image": "image-feature-extraction",
     "speech": "automatic-speech-recognition",
+    "text2text": "text2text-generation",
 }

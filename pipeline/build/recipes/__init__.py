@@ -1,15 +1,16 @@
 """Candidate recipes: one per kind of [[candidates]] row, registered in one table (as Olive registers passes).
 
     kind (engine, quantize)      recipe                 families          precisions
-    onnxruntime, none            ort-fp32               encoder, decoder  fp32     (and speech*)
-    onnxruntime, dynamic         ort-int8-dynamic       encoder           int8     (and speech*)
+    onnxruntime, none            ort-fp32               encoder, decoder  fp32     (and speech, text2text*)
+    onnxruntime, dynamic         ort-int8-dynamic       encoder           int8     (and speech, text2text*)
     onnxruntime, static          ort-int8-static        encoder           int8
     openvino, none               openvino               encoder           fp32, bf16
     openvino, nncf               openvino-int8          encoder           int8
     openvino, dynamic            openvino-int8-dynamic  encoder           int8
-    onnxruntime, weight_only     weight-only            decoder           int8, int4  (and speech*)
+    onnxruntime, weight_only     weight-only            decoder           int8, int4  (and speech, text2text*)
 
-* A speech model's two graphs are made by pipeline/build/speech/search.py, of these three kinds only.
+* A speech or text-to-text model's two graphs are made by pipeline/build/search/encoder_decoder.py, of these three
+  kinds only.
 
 The searches look each candidate's recipe up here (`recipe_for`) and never branch on kind names; a target whose
 candidate has no recipe, or asks one for a family or precision it does not build, is refused when parsed

@@ -19,7 +19,7 @@ class OrtFp32(Recipe):
     name = "ort-fp32"
     engine = "onnxruntime"
     quantize = "none"
-    families = ("encoder", "decoder", "speech")  # speech: both graphs, by pipeline/build/speech/search.py
+    families = ("encoder", "decoder", "speech", "text2text")  # two graphs: search/encoder_decoder.py
     precisions = ("fp32",)
     Config = OrtFp32Config
 

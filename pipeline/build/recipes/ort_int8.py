@@ -25,7 +25,7 @@ class OrtInt8(Recipe):
     """int8 in `mode` ("dynamic": activations quantized at run time; "static": ranges calibrated on text)."""
 
     engine = "onnxruntime"
-    families = ("encoder", "speech")  # speech: dynamic only, both graphs, by pipeline/build/speech/search.py
+    families = ("encoder", "speech", "text2text")  # two graphs: dynamic only, search/encoder_decoder.py
     precisions = ("int8",)
     Config = OrtInt8Config
     fallback = True

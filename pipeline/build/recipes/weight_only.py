@@ -31,7 +31,7 @@ class WeightOnly(Recipe):
     name = "weight-only"
     engine = "onnxruntime"
     quantize = "weight_only"
-    families = ("decoder", "speech")  # speech: the decoder graph, by pipeline/build/speech/search.py
+    families = ("decoder", "speech", "text2text")  # two graphs: the decoder, search/encoder_decoder.py
     precisions = ("int8", "int4")
     Config = WeightOnlyConfig
     fallback = True

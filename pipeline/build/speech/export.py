@@ -23,6 +23,7 @@ from pipeline.build.manifest import Checkpoint
 from pipeline.build.onnx_files import traced_to_onnx
 from pipeline.errors import ExportError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH, TOKENIZER
+from pipeline.runtime.seq2seq import cache_names
 
 OPSET = 17
 PROBE_TOLERANCE = 1e-3
@@ -97,11 +98,6 @@ def _modules(model):
             return (self.head(self.decoder.layer_norm(x)), *presents)
 
     return Encoder().eval(), Decoder().eval()
-
-
-def cache_names(layers: int, kind: str) -> list[str]:
-    """`kind`.{i}.key and `kind`.{i}.value for each layer, in the graphs' order."""
-    return [f"{kind}.{i}.{part}" for i in range(layers) for part in ("key", "value")]
 
 
 def _probe_features(model):

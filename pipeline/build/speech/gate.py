@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.build.accuracy.tokens import top1_along
 from pipeline.build.accuracy.words import normalized_words, word_error_rate
 from pipeline.build.console import silenced
 from pipeline.build.manifest import Checkpoint
@@ -90,6 +91,5 @@ def speech_stats(reference: dict, candidate: dict) -> dict:
         ),
     }
     if "top1" in candidate:
-        positions = np.concatenate([r == c for r, c in zip(reference["top1"], candidate["top1"], strict=True)] or [[]])
-        stats["teacher_top1_agreement"] = float(positions.mean()) if positions.size else 1.0
+        stats["teacher_top1_agreement"] = top1_along(reference["top1"], candidate["top1"])
     return stats

@@ -1,86 +1,16 @@
-"""The engine search over a speech model's candidates: each builds both graphs, is judged by the speech gate on
-the development split of the calibration audio, and is timed transcribing it; the fastest that passes is held to
-its thresholds on the held-out audio (pipeline/build/stages/search.py chooses, as for the other families).
-
-    fp32                 the exported graphs as they are
-    int8 (dynamic)       ONNX Runtime's dynamic int8 of every MatMul of both graphs, weights per channel
-    int8 (weight_only)   the decoder's MatMul weights in int8 blocks (MatMulNBits), the encoder fp32: a decoding
-                         step reads the weights once a token (the LM head alone is vocabulary x width), and an
-                         int8 block is a quarter of the fp32 traffic; the encoder multiplies 1500 frames at once
-                         and is bound by arithmetic, not by reading its weights
-"""
+"""The engine search over a speech model's candidates (pipeline/build/search/encoder_decoder.py): judged by the
+speech gate on the development split of the calibration audio, timed transcribing it."""
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
 from pathlib import Path
 
-from pipeline.build.accuracy.measured import measured, measurement_key
-from pipeline.build.accuracy.metrics import compare, development_gate, failures, measure, outputs
-from pipeline.build.accuracy.reference import pytorch_outputs
-from pipeline.build.console import silenced
-from pipeline.build.inputs.targets import Candidate, Target
-from pipeline.build.manifest import Manifest, runtime_spec, session_of
-from pipeline.build.recipes.base import Built
-from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates, time_shapes
-from pipeline.errors import TargetError
-from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH
+from pipeline.build.inputs.targets import Target
+from pipeline.build.manifest import Manifest, runtime_spec
+from pipeline.build.search.candidates import time_shapes
+from pipeline.build.search.encoder_decoder import Family, search_encoder_decoder
 
 METRIC = "transcription"
-
-
-def _int8_dynamic(source: Path, out: Path, target: Target) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    settings = target.quantize
-    quantize_dynamic(
-        source,
-        out,
-        op_types_to_quantize=["MatMul"],
-        per_channel=settings.per_channel,
-        reduce_range=settings.reduce_range,
-        weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
-    )
-
-
-def _weight_only(source: Path, out: Path, target: Target, candidate: Candidate) -> None:
-    from pipeline.build.passes.weight_only import quantize_weight_only
-
-    settings = dataclasses.replace(
-        target.quantize,
-        bits=candidate.bits,
-        blocks=candidate.blocks,
-        block_size=candidate.block_size or target.quantize.block_size,
-        head_bits=max(candidate.bits, target.quantize.head_bits),
-    )
-    quantize_weight_only(source, out, settings)
-
-
-def built_graphs(manifest: Manifest, target: Target, candidate: Candidate, out: Path) -> Built:
-    """Both graphs of `candidate` in `out`, made from the export's."""
-    export = manifest.stage("export")
-    out.mkdir(parents=True, exist_ok=True)
-    kind = (candidate.engine, candidate.precision, candidate.quantize)
-    for name in (ENCODER_GRAPH, DECODER_GRAPH):
-        with silenced():  # ONNX Runtime's quantizers log each tensor's parameters, and advise pre-processing
-            _build_graph(export.output(name), out / name, target, candidate, kind)
-    return Built(out / ENCODER_GRAPH, "onnxruntime", {})
-
-
-def _build_graph(source: Path, dest: Path, target: Target, candidate: Candidate, kind: tuple) -> None:
-    """One graph of `candidate` (`kind`: engine, precision, quantize) from the export's `source`, into `dest`."""
-    if kind == ("onnxruntime", "fp32", "none") or (candidate.quantize == "weight_only" and dest.name == ENCODER_GRAPH):
-        shutil.copyfile(source, dest)
-    elif kind == ("onnxruntime", "int8", "dynamic"):
-        _int8_dynamic(source, dest, target)
-    elif candidate.engine == "onnxruntime" and candidate.quantize == "weight_only":
-        _weight_only(source, dest, target, candidate)
-    else:
-        raise TargetError(
-            f"candidate {candidate.name}: speech models are built as onnxruntime fp32, or int8 with quantize = "
-            f'"dynamic" or "weight_only", not {candidate.engine} {candidate.precision} ({candidate.quantize})'
-        )
 
 
 def speech_model(manifest: Manifest, target: Target, graph: Path, session: dict):
@@ -90,8 +20,11 @@ def speech_model(manifest: Manifest, target: Target, graph: Path, session: dict)
     return open_speech_model(graph, manifest.preprocessor()[1], runtime_spec(manifest, target), None, session)
 
 
-def _time(models: dict, clips: list, batch: int) -> tuple[dict, dict]:
+def _time(models: dict, paths: list, batch: int) -> tuple[dict, dict]:
     """Each model's ms transcribing the development clips one at a time and as one batch, alternating."""
+    from pipeline.runtime.audio import read_wav
+
+    clips = [read_wav(p) for p in paths]
     shapes = {"clip_1": (clips[:1], 1), f"clips_{len(clips)}": (clips, batch)}
     calls = {
         shape: {name: (lambda m=m, w=work, n=size: m.transcribe(w, batch_size=n)) for name, m in models.items()}
@@ -100,40 +33,9 @@ def _time(models: dict, clips: list, batch: int) -> tuple[dict, dict]:
     return time_shapes(calls.items(), len(calls), max_rounds=5, budget_s=30.0)
 
 
+SPEECH = Family("speech", METRIC, speech_model, _time)
+
+
 def search_speech(manifest: Manifest, target: Target, texts: dict, flags, out: Path):
-    """Build, judge and time every speech candidate; returns (rows, {name: Built}, held-out check), as the
-    encoder and decoder searches do."""
-    development = texts["development"]
-    reference = pytorch_outputs(manifest.checkpoint, development)
-    session = {**session_of(target), **NO_SPINNING}
-    batch = target.shapes.batch_size
-
-    def make(candidate: Candidate):
-        made = built_graphs(manifest, target, candidate, out / "work" / candidate.name)
-        model = speech_model(manifest, target, made.graph, session)
-        stats = compare(METRIC, reference, outputs(model, development, METRIC, batch, teacher=reference))
-        return (
-            made,
-            model,
-            stats,
-            development_gate(target.with_candidate(candidate.name).accuracy, len(development)),
-            {},
-        )
-
-    rows, built = judge_candidates(target.family_candidates("speech"), flags, "search: building candidates", make)
-    models = {name: model for name, (_, model) in built.items() if model is not None}
-    if models:
-        from pipeline.runtime.audio import read_wav
-
-        attach_timings(rows, *_time(models, [read_wav(p) for p in development], batch))
-    held_out = texts["held_out"]
-
-    def check(name: str):
-        made = built[name][0]
-        model = speech_model(manifest, target, made.graph, session)
-        truth = pytorch_outputs(manifest.checkpoint, held_out)
-        key = measurement_key(manifest, target, made.graph, made.backend, made.session, held_out, METRIC)
-        stats, _ = measured(key, lambda: measure(model, held_out, truth, METRIC, batch))
-        return stats, failures(stats, target.with_candidate(name).accuracy)
-
-    return rows, {name: made for name, (made, _) in built.items()}, check
+    """Build, judge and time every speech candidate (see search_encoder_decoder)."""
+    return search_encoder_decoder(manifest, target, texts, flags, out, SPEECH)

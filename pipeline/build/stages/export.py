@@ -37,11 +37,12 @@ from pipeline.build.memory import release_freed
 from pipeline.build.onnx_files import load_graph, save_graph, traced_to_onnx
 from pipeline.build.passes.lm_head import last_token_logits
 from pipeline.build.speech.export import onnx_from_speech_checkpoint
+from pipeline.build.text2text.export import onnx_from_text2text_checkpoint
 from pipeline.errors import ExportError, PipelineError
 from pipeline.runtime.schema import GRAPH, TOKENIZER
 
 OPSET = 17
-VERSION = 12  # 11: speech models (two graphs); 12: their cross-attention keys transposed
+VERSION = 12  # 11: speech models (two graphs); 12: their cross-attention keys transposed (text-to-text: new)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +284,8 @@ def onnx_from_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
             return _export_decoder(checkpoint, arch, out)
         if arch.family == "speech":
             return onnx_from_speech_checkpoint(checkpoint, out)
+        if arch.family == "text2text":
+            return onnx_from_text2text_checkpoint(checkpoint, out)
         if arch.modality == "image":
             return export_image_model(checkpoint, out)
         return _export_encoder(checkpoint, out)

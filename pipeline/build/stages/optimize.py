@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.build.cache import StageSpec, run_cached
-from pipeline.build.inputs.architectures import architecture_of
+from pipeline.build.inputs.architectures import ENCODER_DECODER_FAMILIES, architecture_of
 from pipeline.build.inputs.targets import Target
 from pipeline.build.manifest import Manifest
 from pipeline.build.passes.fusions import fused_from_onnx
@@ -38,7 +38,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Optimize the exported graph (cached by the export's key and the declared optimize settings)."""
     source = manifest.stage("export")
     arch = architecture_of(manifest.checkpoint)
-    if arch.family == "speech":  # two graphs; ONNX Runtime's session-level fusions run on them at load
+    if arch.family in ENCODER_DECODER_FAMILIES:  # two graphs; ONNX Runtime's session fusions run on them at load
         return manifest
     config = OptimizeConfig(
         fusions=target.optimize.fusions,

@@ -43,6 +43,7 @@ from pipeline.build.search.candidates import NO_SPINNING, Screen, attach_timings
 from pipeline.build.search.decoders import search_decoders
 from pipeline.build.search.development import calibration_texts, development_split, filled_examples
 from pipeline.build.speech.search import search_speech
+from pipeline.build.text2text.search import search_text2text
 from pipeline.build.timing import relative_scores, token_rows
 from pipeline.errors import AccuracyError
 from pipeline.runtime.host import cpu_flags, kernel_class
@@ -248,7 +249,7 @@ def search(manifest: Manifest, target: Target, texts: list, split: tuple[list, l
     calibration, development = split
     split = {"calibration": calibration, "development": development, "held_out": held_out_texts(manifest, target)}
     flags = cpu_flags() or frozenset()
-    searchers = {"decoder": search_decoders, "speech": search_speech}
+    searchers = {"decoder": search_decoders, "speech": search_speech, "text2text": search_text2text}
     searcher = searchers.get(family(manifest), _search_encoders)
     rows, built, check = searcher(manifest, target, split, flags, out)
     winner = choose(rows, check)
@@ -293,7 +294,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         session=session_of(target),
         generation=target.to_dict()["generation"] if family(manifest) == "decoder" else None,
     )
-    inputs = {r.name: r.key for r in manifest.stages if r.name in ("export", "optimize")}  # speech: no optimize
+    inputs = {r.name: r.key for r in manifest.stages if r.name in ("export", "optimize")}  # two graphs: no optimize
     record = run_cached(
         manifest.cache_dir, STAGE, config, inputs, lambda out: search(manifest, target, texts, split, out)
     )

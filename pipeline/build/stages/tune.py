@@ -22,6 +22,7 @@ import itertools
 import statistics
 
 from pipeline.build.cache import StageSpec, run_cached
+from pipeline.build.inputs.architectures import ENCODER_DECODER_FAMILIES
 from pipeline.build.inputs.data import read_texts, texts_digest
 from pipeline.build.inputs.targets import Target
 from pipeline.build.inputs.tasks import TASKS
@@ -171,8 +172,8 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     """Time the target's session candidates on this host and record the fastest (CPU targets on ONNX Runtime or
     OpenVINO)."""
     backend = manifest.chosen()["backend"]
-    speech = manifest.checkpoint.task == "automatic-speech-recognition"  # two graphs, one token a step: not tuned
-    if target.device != "cpu" or backend not in BACKENDS or speech:
+    two_graphs = TASKS[manifest.checkpoint.task].family in ENCODER_DECODER_FAMILIES  # one token a step: not tuned
+    if target.device != "cpu" or backend not in BACKENDS or two_graphs:
         return manifest
     texts = read_texts(manifest.validation_path, "validation")
     decoder = manifest.checkpoint.task == "text-generation"

@@ -83,3 +83,18 @@ def ort_gpu_providers(manifest: dict, cache_dir: Path, available: list[str]) -> 
     if "CUDAExecutionProvider" in available:
         providers.append("CUDAExecutionProvider")
     return providers + ["CPUExecutionProvider"]
+
+
+def open_encoder_decoder(encoder_path: Path, spec: dict, session, providers, backend: str, kind: str) -> tuple:
+    """(encoder, decoder) sessions of a two-graph artifact (`kind`: "speech", "text-to-text"): the encoder graph and
+    the decoder graph its spec names beside it, on ONNX Runtime; else an ArtifactError."""
+    from pipeline.errors import ArtifactError
+    from pipeline.runtime.schema import DECODER_GRAPH
+
+    if spec.get("decoder_graph") != DECODER_GRAPH or backend != "onnxruntime":
+        raise ArtifactError(
+            f"{encoder_path.parent}: a {kind} artifact runs {DECODER_GRAPH} beside its encoder on ONNX Runtime; this "
+            f"one names {spec.get('decoder_graph')!r} on {backend}. Rebuild it"
+        )
+    encoder = open_session(encoder_path, session, providers)
+    return encoder, open_session(encoder_path.parent / DECODER_GRAPH, session, providers)

@@ -36,7 +36,7 @@ class Architecture:
     """
 
     model_type: str
-    family: str  # "encoder" | "decoder" | "speech" (an audio encoder and a text decoder)
+    family: str  # "encoder" | "decoder" | "speech" (an audio encoder, a text decoder) | "text2text" (two text)
     ort_model_type: str | None = None
     attention: str | None = None
     fusion_problem: Callable | None = None
@@ -60,14 +60,19 @@ class Architecture:
         return self.attention_options(config, layer) if self.attention_options else {}
 
 
+# Families built as two graphs (encoder.onnx, decoder.onnx) by pipeline/build/search/encoder_decoder.py.
+ENCODER_DECODER_FAMILIES = ("speech", "text2text")
+
+
 def _registry() -> dict[str, Architecture]:
     from pipeline.build.inputs.architectures.decoders import DECODERS
     from pipeline.build.inputs.architectures.encoders import ENCODERS
     from pipeline.build.inputs.architectures.images import IMAGE_ENCODERS
     from pipeline.build.inputs.architectures.speech import SPEECH
+    from pipeline.build.inputs.architectures.text2text import TEXT2TEXT
 
     table: dict[str, Architecture] = {}
-    for record in ENCODERS + DECODERS + IMAGE_ENCODERS + SPEECH:
+    for record in ENCODERS + DECODERS + IMAGE_ENCODERS + SPEECH + TEXT2TEXT:
         if record.model_type in table:
             raise ValueError(f"architecture {record.model_type} is registered twice")
         table[record.model_type] = record
@@ -153,7 +158,8 @@ def modality_problem(model_type: str) -> str | None:
     does not build yet, else None (transformers' own task tables say which)."""
     for tables, what in _MODALITIES:
         if _in_tables(model_type, tables):
-            return f"{what}; this pipeline builds text encoders, decoders and image encoders so far"
+            built = "text encoders, decoders, image encoders, Whisper and the text-to-text families named below"
+            return f"{what}; this pipeline builds {built}"
     return None
 
 

@@ -10,7 +10,7 @@ KERNEL_CLASSES = ("amx", "avx512-vnni", "avx512", "avx2", "any")
 CANDIDATE_ENGINES = ("onnxruntime", "openvino")
 CANDIDATE_PRECISIONS = ("fp32", "bf16", "int8", "int4")
 CANDIDATE_QUANTIZE = ("none", "dynamic", "static", "nncf", "weight_only")
-FAMILIES = ("encoder", "decoder", "speech")
+FAMILIES = ("encoder", "decoder", "speech", "text2text")
 # The target `native` resolves to, by the build host's kernel class (pipeline.runtime.host.kernel_class).
 QUANT_MODES = ("none", "dynamic", "static", "weight_only")
 QUANT_TYPES = ("int8", "uint8")

@@ -1,0 +1,140 @@
+"""Text-to-text end to end: tiny random T5, BART, Marian and M2M100 checkpoints through check, build (search,
+gate), publish, load and `pipeline generate`, against transformers' greedy generate. Real parts: the exporter, ONNX
+Runtime, transformers as the reference."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pipeline.build.table import build
+from pipeline.cli import main
+from pipeline.errors import InputError
+from pipeline.runtime import load
+
+from .tiny_text2text import FAMILIES, make_text2text
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please bring three apples from the market, and some bread for the children.",
+    "Hello there.",
+]
+
+
+def _transformers_ids(folder, texts: list[str], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy new tokens of each text, one at a time, after the decoder's start token."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    eos = model.generation_config.eos_token_id
+    rows = []
+    for text in texts:
+        source = tokenizer([text], return_tensors="pt", return_token_type_ids=False)
+        with torch.inference_mode():
+            ids = model.generate(**source, do_sample=False, num_beams=1, max_length=1 + new_tokens)[0].tolist()[1:]
+        rows.append(ids[: ids.index(eos)] if eos in ids else ids)
+    return rows
+
+
+def _build(folder, tmp_path, target="cpu-avx2"):
+    return build(folder, target, artifacts_dir=tmp_path / "artifacts", cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_a_tiny_model_builds_at_fp32_and_generates_token_for_token_as_transformers(model_type, tmp_path):
+    folder = make_text2text(tmp_path / f"tiny-{model_type}", model_type)
+    manifest = _build(folder, tmp_path)
+    rows = {r["name"]: r for r in manifest.stage("search").metrics["candidates"]}
+    assert rows["ort-fp32-text2text"]["status"] == "passed"
+    assert rows["ort-fp32-text2text"]["greedy_prefix_agreement"] == 1.0
+    model = load(manifest.published["path"])
+    assert model.task == "text2text-generation"
+    expected = _transformers_ids(folder, TEXTS, 10)
+    assert model.generate_ids(TEXTS, max_new_tokens=10) == expected  # batched: padded sources
+    assert [model.generate_ids([t], max_new_tokens=10)[0] for t in TEXTS] == expected
+    assert len({tuple(r) for r in expected}) > 1 or model_type == "marian"  # the output depends on the input
+    texts = model.generate(TEXTS, max_new_tokens=10)
+    assert texts == [model.tokenizer.decode(r, skip_special_tokens=True).strip() for r in expected]
+
+
+@pytest.fixture(scope="module")
+def bart_build(tmp_path_factory):
+    folder = make_text2text(tmp_path_factory.mktemp("bart") / "tiny-bart", "bart")
+    return folder, _build(folder, tmp_path_factory.mktemp("bart-build"))
+
+
+def test_the_artifact_holds_two_verified_graphs_and_refuses_a_tampered_decoder(bart_build, tmp_path):
+    import shutil
+
+    from pipeline.errors import ArtifactError
+
+    folder = bart_build[1].published["path"]
+    published = json.loads(open(f"{folder}/manifest.json").read())
+    assert {"encoder.onnx", "decoder.onnx", "tokenizer.json"} <= set(published["files"])
+    copy = tmp_path.joinpath(*Path(folder).parts[-3:])  # name/version/target, as the manifest says
+    shutil.copytree(folder, copy)
+    (copy / "decoder.onnx").chmod(0o644)
+    with open(copy / "decoder.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ArtifactError, match="decoder.onnx"):
+        load(copy)
+
+
+def test_a_quantized_candidate_is_built_judged_and_timed_for_each_graph(bart_build):
+    rows = {r["name"]: r for r in bart_build[1].stage("search").metrics["candidates"]}
+    for name in ("ort-int8-weights-text2text", "ort-int8-text2text"):
+        row = rows[name]
+        assert row["status"] in ("passed", "missed") and 0.0 <= row["teacher_top1_agreement"] <= 1.0
+        assert 0.0 <= row["greedy_prefix_agreement"] <= 1.0
+
+
+def test_pipeline_generate_writes_each_output_and_bad_input_gets_one_line(bart_build):
+    folder = bart_build[1].published["path"]
+    model = load(folder)
+    result = CliRunner().invoke(main, ["generate", str(folder), TEXTS[0], "--max-new-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == model.generate(TEXTS[0], max_new_tokens=6)
+    with pytest.raises(InputError, match="over the model's 128"):
+        model.generate(["word " * 300])
+    with pytest.raises(InputError, match="max_new_tokens"):
+        model.generate(TEXTS, max_new_tokens=0)
+    with pytest.raises(InputError, match="takes a list of strings"):
+        model.generate_ids(b"bytes")
+    assert model.generate(TEXTS[:1], max_new_tokens=3) == [model.generate(TEXTS[0], max_new_tokens=3)]
+
+
+def test_pipeline_check_names_the_family_and_its_candidates(bart_build):
+    from pipeline.ops.check import check
+
+    result = CliRunner().invoke(main, ["check", str(bart_build[0]), "--target", "cpu-avx2"])
+    assert result.exit_code == 0 and "text2text" in result.output, result.output
+    report = check(str(bart_build[0]), "cpu-avx2")
+    assert (report["family"], report["task"]) == ("text2text", "text2text-generation")
+    assert [c["name"] for c in report["candidates"]] == [
+        "ort-fp32-text2text",
+        "ort-int8-weights-text2text",
+        "ort-int8-text2text",
+    ]
+
+
+def test_a_target_without_text2text_candidates_refuses_before_exporting(bart_build, tmp_path):
+    from pipeline.errors import TargetError
+
+    with pytest.raises(TargetError, match="lists no \\[\\[candidates\\]\\] for text2text models"):
+        _build(bart_build[0], tmp_path, target="cpu-fp32")
+
+
+def test_the_gate_compares_tokens_not_texts():
+    from pipeline.build.text2text.gate import text2text_stats
+
+    reference = {"tokens": [[5, 6, 7], []], "top1": [np.array([5, 6, 7]), np.array([], dtype=np.int64)]}
+    same = text2text_stats(reference, reference)
+    assert same == {"greedy_match": 1.0, "greedy_prefix_agreement": 1.0, "teacher_top1_agreement": 1.0}
+    changed = {"tokens": [[5, 9, 7], []], "top1": [np.array([5, 9, 7]), np.array([], dtype=np.int64)]}
+    stats = text2text_stats(reference, changed)
+    assert stats["greedy_match"] == 0.5 and stats["greedy_prefix_agreement"] == pytest.approx((1 / 3 + 1) / 2)
+    assert stats["teacher_top1_agreement"] == pytest.approx(2 / 3)
