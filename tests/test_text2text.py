@@ -138,3 +138,16 @@ def test_the_gate_compares_tokens_not_texts():
     stats = text2text_stats(reference, changed)
     assert stats["greedy_match"] == 0.5 and stats["greedy_prefix_agreement"] == pytest.approx((1 / 3 + 1) / 2)
     assert stats["teacher_top1_agreement"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow  # a live Ray Serve deployment
+def test_ray_serve_answers_each_text_and_a_bad_request_alone(bart_build):
+    pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
+    from .conftest import served_answers
+
+    folder = bart_build[1].published["path"]
+    bodies = [json.dumps({"texts": TEXTS}).encode(), json.dumps({"texts": ["word " * 300]}).encode(), b"{"]
+    answers = served_answers(folder, bodies, "application/json")
+    assert answers[0] == (200, {"outputs": load(folder).generate(TEXTS)})
+    assert answers[1][0] == 400 and "over the model's 128" in answers[1][1]["error"]
+    assert answers[2][0] == 400

@@ -2,7 +2,8 @@
 
 Each replica loads the artifact once (verified at load) and batches concurrent requests with @serve.batch; HTTP
 is served by Ray's proxy on a loopback port. The request is a POST of JSON `{"texts": [...]}`; the answer is
-`{"embeddings": ...}` (feature-extraction), `{"logits": ...}` (classifiers) or `{"completions": [...]}` (decoders).
+`{"embeddings": ...}` (feature-extraction), `{"logits": ...}` (classifiers), `{"completions": [...]}` (decoders) or
+`{"outputs": [...]}` (text-to-text).
 A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 for a body over `max_body_bytes`,
 408 for one not in within `body_timeout_s`, 405 for any method but POST, 503 while a replica already reads
 `max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
@@ -154,6 +155,8 @@ def _deployment():
                 return self.model.transcribe(texts)
             if self.key == "completions":
                 return [c.text for c in self.model.generate(texts)]
+            if self.key == "outputs":  # a text-to-text artifact's, greedy
+                return self.model.generate(texts)
             return self.model.run(texts).tolist()
 
         def run_alone(self, texts: list[str]):

@@ -27,6 +27,7 @@ def answer_key(task: str) -> str:
         "feature-extraction": "embeddings",
         "text-generation": "completions",
         "automatic-speech-recognition": "texts",
+        "text2text-generation": "outputs",
     }
     return keys.get(task, "logits")
 
