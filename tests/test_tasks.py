@@ -81,9 +81,10 @@ TESTED_TASKS = (
 )
 
 
-# Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32.
-TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2")
-TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification")
+# Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32; tests/test_two_tower.py
+# clip and siglip.
+TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2", "clip", "siglip")
+TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification", "zero-shot-image-classification")
 # Tested in tests/test_speech.py: a tiny random Whisper and Whisper tiny.en.
 TESTED_SPEECH, TESTED_SPEECH_TASKS = ("whisper",), ("automatic-speech-recognition",)
 # Tested in tests/test_text2text.py: a tiny random model of each.

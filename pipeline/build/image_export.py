@@ -55,7 +55,8 @@ def export_image_model(checkpoint: Checkpoint, out: Path) -> dict:
 
     spec = image_spec(checkpoint)
     task = TASKS[checkpoint.task]
-    head = image_head(load_torch_model(checkpoint), checkpoint)
+    model = load_torch_model(checkpoint)
+    head = image_head(model, checkpoint)
     probe = pixel_values(probe_images(), spec)
     with torch.inference_mode():
         expected = head(torch.from_numpy(probe)).numpy()
@@ -80,4 +81,8 @@ def export_image_model(checkpoint: Checkpoint, out: Path) -> dict:
         "pad_id": 0,
         "labels": {str(k): v for k, v in labels.items()} if labels else None,
     }
+    if checkpoint.task == "zero-shot-image-classification":
+        from pipeline.build.two_tower import text_tower_to_onnx
+
+        runtime.update(text_tower_to_onnx(checkpoint, model, out, OPSET))
     return {"spec": runtime, "probe_max_abs_diff": diff}

@@ -113,8 +113,11 @@ class Manifest:
 
     def artifact_sources(self) -> dict[str, Path]:
         """The files an artifact of this build holds besides its report and manifest, by file name: every graph
-        file and the preprocessor. Validation measures these and publish copies these."""
-        return {**self.graph_files(), **dict([self.preprocessor()])}
+        file, the preprocessor, and the export's companion files (a two-tower model's text tower and tokenizer).
+        Validation measures these and publish copies these."""
+        export = self.stage("export")
+        companions = {name: export.output(name) for name in export.metrics["spec"].get("companions", ())}
+        return {**self.graph_files(), **dict([self.preprocessor()]), **companions}
 
     def graph_files(self) -> dict[str, Path]:
         """Every file of the graphs this build publishes, by file name: the graphs, and the data file beside each

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import ArtifactError
-from pipeline.runtime.schema import DATA_SUFFIX, DECODER_GRAPH, IMAGE_PROCESSOR, MANIFEST, REPORT, TOKENIZER
+from pipeline.runtime.schema import DATA_SUFFIX, DECODER_GRAPH, IMAGE_PROCESSOR, MANIFEST, REPORT, TEXT_GRAPH, TOKENIZER
 
 MANIFEST_NAME = MANIFEST
 REPORT_NAME = REPORT
@@ -41,6 +41,7 @@ TASKS = (
     "text-generation",
     "image-feature-extraction",
     "image-classification",
+    "zero-shot-image-classification",
     "automatic-speech-recognition",
     "text2text-generation",
 )
@@ -102,6 +103,16 @@ _SETTINGS = {
     ("model", "suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of ids"),
     ("model", "begin_suppress_tokens"): (lambda v: isinstance(v, list) and all(_count(i) for i in v), "ids"),
     ("model", "max_length"): (lambda v: _count(v) and v > 0, "a positive int"),
+    # A two-tower model's text tower and scores (pipeline/runtime/zero_shot.py).
+    ("model", "companions"): (_strings, "a list of file names"),
+    ("model", "text_graph"): (lambda v: v == TEXT_GRAPH, TEXT_GRAPH),
+    ("model", "text_inputs"): (lambda v: v in (["input_ids"], ["input_ids", "attention_mask"]), "input_ids[, mask]"),
+    ("model", "text_padding"): (lambda v: v in ("longest", "max_length"), "longest or max_length"),
+    ("model", "text_max_length"): (lambda v: _count(v) and 0 < v <= 1 << 16, "an int from 1 to 65536"),
+    ("model", "text_pad_id"): (_count, "an id"),
+    ("model", "score"): (lambda v: v in ("softmax", "sigmoid"), "softmax or sigmoid"),
+    ("model", "logit_scale"): (lambda v: isinstance(v, float) and 0 < v < 1e6, "a float in (0, 1e6)"),
+    ("model", "logit_bias"): (lambda v: isinstance(v, float) and abs(v) < 1e6, "a float in (-1e6, 1e6)"),
     ("model", "max_source_length"): (lambda v: _count(v) and v > 0, "a positive int"),
     ("model", "source_pad_id"): (_count, "an id"),
     ("model", "forced_eos_token_id"): (lambda v: v is None or _count(v), "an id or null"),
@@ -250,7 +261,8 @@ def verify_artifact(path: Path) -> dict:
 def artifact_graphs(manifest: dict) -> list[str]:
     """The graphs an artifact's manifest lists that a backend can run: model.onnx, model.int8.onnx where there is
     one, model.xml for OpenVINO."""
-    return sorted(name for name in manifest["files"] if name.endswith(GRAPH_SUFFIXES))
+    beside = set(manifest["model"].get("companions") or ())  # a two-tower model's text tower: not a graph to load
+    return sorted(name for name in manifest["files"] if name.endswith(GRAPH_SUFFIXES) and name not in beside)
 
 
 def describe(path) -> dict:

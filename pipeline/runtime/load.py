@@ -145,7 +145,12 @@ def load(
         engine, providers = _gpu_backend(real, manifest, graph, backend, build_engine)
     runs_on = "openvino" if built_for == "openvino" else "onnxruntime"
     preprocessor = real / manifest["model"].get("preprocessor", TOKENIZER_NAME)
-    return open_model(real / graph, preprocessor, manifest["model"], providers, session, engine, runs_on)
+    model = open_model(real / graph, preprocessor, manifest["model"], providers, session, engine, runs_on)
+    if manifest["model"]["task"] == "zero-shot-image-classification":
+        from pipeline.runtime.zero_shot import open_zero_shot_model
+
+        return open_zero_shot_model(model, real, manifest["model"], session, providers)
+    return model
 
 
 def _gpu_backend(root: Path, manifest: dict, graph: str, backend: str, build_engine):

@@ -28,6 +28,7 @@ def answer_key(task: str) -> str:
         "text-generation": "completions",
         "automatic-speech-recognition": "texts",
         "text2text-generation": "outputs",
+        "zero-shot-image-classification": "embeddings",  # a picture's image embedding
     }
     return keys.get(task, "logits")
 

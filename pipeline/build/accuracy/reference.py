@@ -135,6 +135,8 @@ def image_head(model, checkpoint: Checkpoint):
             self.model = model
 
         def forward(self, pixel_values):
+            if embedding == "projected":
+                return self.model.get_image_features(pixel_values=pixel_values)
             out = self.model(pixel_values=pixel_values)
             if classify:
                 return out.logits

@@ -61,6 +61,16 @@ TASKS = {
             labelled=True,
             modality="image",
         ),
+        # Two towers (CLIP, SigLIP): the image tower's projected embedding is the searched graph's output; the text
+        # tower (text.onnx) embeds the labels that pictures are scored against.
+        Task(
+            "zero-shot-image-classification",
+            "AutoModel",
+            "image_embedding",
+            "embedding",
+            "encoder",
+            modality="image",
+        ),
         # Speech recognition: an audio encoder and a text decoder (Whisper), judged on the words it writes.
         Task(
             "automatic-speech-recognition",

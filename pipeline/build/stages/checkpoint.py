@@ -253,9 +253,9 @@ def _rope_switch(config: dict, folder: Path) -> int:
     )
 
 
-def _check_input_files(folder: Path, modality: str) -> None:
-    """The files that turn input into the graph's tensors: a tokenizer for text, an image processor for images, a
-    feature extractor and a tokenizer for speech."""
+def _check_input_files(folder: Path, modality: str, two_tower: bool = False) -> None:
+    """The files that turn input into the graph's tensors: a tokenizer for text, an image processor for images (and
+    a tokenizer for a two-tower model's text), a feature extractor and a tokenizer for speech."""
     if modality == "audio":
         check_feature_extractor(folder)
     if modality == "image":
@@ -269,7 +269,8 @@ def _check_input_files(folder: Path, modality: str) -> None:
             ImageSpec.from_config(_json(path))
         except PipelineError as err:
             raise InputError(f"{path}: {err}") from None
-        return
+        if not two_tower:
+            return
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise InputError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save the tokenizer too")
     if (folder / TOKENIZER).is_file():
@@ -283,7 +284,7 @@ def _kind(thing) -> str:  # a task's or an architecture's family, with its modal
 def _task(asked: str | None, arch, folder: Path) -> str:
     """The task to build: the one asked for (or the head's), else the family's default; it must fit the family
     and what the model takes."""
-    default = DEFAULT_TASK["image" if arch.modality == "image" else arch.family]
+    default = arch.default_task or DEFAULT_TASK["image" if arch.modality == "image" else arch.family]
     task = asked or default
     if task not in TASKS:
         raise InputError(f"task {task!r} is not supported; supported: {', '.join(TASKS)}")
@@ -318,7 +319,7 @@ def run(manifest: Manifest, target: Target) -> Manifest:
     model_type = arch.model_type
     if not any((folder / name).exists() for name in WEIGHT_FILES):
         raise InputError(f"{folder} has no weights (none of {', '.join(WEIGHT_FILES)}); copy them into the folder")
-    _check_input_files(folder, arch.modality)
+    _check_input_files(folder, arch.modality, arch.image_embedding == "projected")
     pooling = _pooling(folder) if arch.modality == "text" else None
     task = _task(manifest.task_override or _task_from_head(config, pooling), arch, folder)
     check_sizes(folder, TASKS[task].auto_class)

@@ -45,9 +45,11 @@ class Architecture:
     generic: bool = False
     attention_fusion: str | None = None
     modality: str = "text"  # "text", "image" or "audio": what the model takes, and so what prepares its input
-    # An image embedding: the model's pooler output ("pooler"), or the first token's final hidden state ("cls")
-    # where the pooler is a freshly initialised dense layer in most checkpoints (ViT's).
+    # An image embedding: the model's pooler output ("pooler"), the first token's final hidden state ("cls")
+    # where the pooler is a freshly initialised dense layer in most checkpoints (ViT's), or a two-tower model's
+    # projected image features ("projected": CLIP's and SigLIP's get_image_features).
     image_embedding: str = "pooler"
+    default_task: str | None = None  # where it is not the family's (two-tower models: zero-shot classification)
 
     def why_not_fused(self, model) -> str | None:
         """Why the model's attention stays decomposed, or None when it becomes GroupQueryAttention."""
@@ -139,7 +141,7 @@ _MODALITIES = (
     ),
     (
         ("ZERO_SHOT_IMAGE_CLASSIFICATION",),
-        "a two-tower image-text model (CLIP, SigLIP): it needs an image processor and a tokenizer",
+        "a two-tower image-text model of another family than CLIP and SigLIP (built as zero-shot image classifiers)",
     ),
     (("SEQ_TO_SEQ_CAUSAL_LM",), "an encoder-decoder text-to-text model (translation, summarization)"),
 )

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from pipeline.build.inputs.architectures import Architecture
 
+ZERO_SHOT = "zero-shot-image-classification"
+
 IMAGE_ENCODERS = (
     Architecture("vit", "encoder", ort_model_type="vit", modality="image", image_embedding="cls"),
     Architecture("deit", "encoder", ort_model_type="vit", modality="image", image_embedding="cls"),
     Architecture("dinov2", "encoder", modality="image"),
+    # Two towers (pipeline/build/two_tower.py): the image tower is the searched graph, the text tower rides beside.
+    *(
+        Architecture(t, "encoder", modality="image", image_embedding="projected", default_task=ZERO_SHOT)
+        for t in ("clip", "siglip")
+    ),
 )
