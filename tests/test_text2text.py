@@ -92,6 +92,29 @@ def test_a_quantized_candidate_is_built_judged_and_timed_for_each_graph(bart_bui
         assert 0.0 <= row["greedy_prefix_agreement"] <= 1.0
 
 
+def test_a_quantized_build_publishes_int8_decoder_weights_that_run_as_measured(tmp_path):
+    import onnx
+
+    from .conftest import write_target
+
+    folder = make_text2text(tmp_path / "tiny-t5", "t5")
+    loose = {"greedy_match": 0.0, "greedy_prefix_agreement": 0.0, "teacher_top1_agreement": 0.5}
+    candidate = {"name": "int8-weights", "family": "text2text", "engine": "onnxruntime", "precision": "int8"}
+    candidate |= {"quantize": "weight_only", "bits": 8, "blocks": "zero_point", "block_size": 16, "accuracy": loose}
+    target = write_target(tmp_path, "t2t-int8", "cpu-avx2", candidates=[candidate])
+    manifest = _build(folder, tmp_path, target=str(target))
+    artifact = Path(manifest.published["path"])
+    decoder = {n.op_type for n in onnx.load(str(artifact / "decoder.onnx")).graph.node}
+    assert "MatMulNBits" in decoder  # the decoder's weights in int8 blocks; the encoder stays fp32
+    assert "MatMulNBits" not in {n.op_type for n in onnx.load(str(artifact / "encoder.onnx")).graph.node}
+    [row] = manifest.stage("search").metrics["candidates"]
+    model = load(artifact)
+    expected = _transformers_ids(folder, TEXTS, 10)
+    got = model.generate_ids(TEXTS, max_new_tokens=10)
+    agreement = np.mean([g[:1] == e[:1] for g, e in zip(got, expected, strict=True)])
+    assert row["status"] == "passed" and row["teacher_top1_agreement"] >= 0.5 and agreement >= 1 / 3
+
+
 def test_pipeline_generate_writes_each_output_and_bad_input_gets_one_line(bart_build):
     folder = bart_build[1].published["path"]
     model = load(folder)
