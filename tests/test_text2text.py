@@ -23,8 +23,9 @@ TEXTS = [
 ]
 
 
-def _transformers_ids(folder, texts: list[str], new_tokens: int) -> list[list[int]]:
-    """transformers' greedy new tokens of each text, one at a time, after the decoder's start token."""
+def _transformers_ids(folder, texts: list[str], new_tokens: int, **settings) -> list[list[int]]:
+    """transformers' new tokens of each text (greedy, or as `settings` say), one at a time, after the decoder's
+    start token."""
     import torch
     import transformers
 
@@ -35,7 +36,8 @@ def _transformers_ids(folder, texts: list[str], new_tokens: int) -> list[list[in
     for text in texts:
         source = tokenizer([text], return_tensors="pt", return_token_type_ids=False)
         with torch.inference_mode():
-            ids = model.generate(**source, do_sample=False, num_beams=1, max_length=1 + new_tokens)[0].tolist()[1:]
+            ids = model.generate(**source, do_sample=False, max_length=1 + new_tokens, **({"num_beams": 1} | settings))
+        ids = ids[0].tolist()[1:]
         rows.append(ids[: ids.index(eos)] if eos in ids else ids)
     return rows
 
@@ -65,6 +67,32 @@ def test_a_tiny_model_builds_at_fp32_and_generates_token_for_token_as_transforme
 def bart_build(tmp_path_factory):
     folder = make_text2text(tmp_path_factory.mktemp("bart") / "tiny-bart", "bart")
     return folder, _build(folder, tmp_path_factory.mktemp("bart-build"))
+
+
+@pytest.fixture(scope="module")
+def t5_build(tmp_path_factory):
+    folder = make_text2text(tmp_path_factory.mktemp("t5") / "tiny-t5", "t5")
+    return folder, _build(folder, tmp_path_factory.mktemp("t5-build"))
+
+
+BEAM_SETTINGS = [
+    {"num_beams": 4},
+    {"num_beams": 3, "length_penalty": 2.0, "early_stopping": True},
+    {"num_beams": 2, "length_penalty": -1.0, "early_stopping": "never", "no_repeat_ngram_size": 2},
+    {"num_beams": 5, "min_length": 6},
+]
+
+
+@pytest.mark.parametrize("settings", BEAM_SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_beam_search_writes_transformers_tokens(family, settings, request):
+    folder, manifest = request.getfixturevalue(f"{family}_build")
+    model = load(manifest.published["path"])
+    model.spec = {**model.spec, **{k: v for k, v in settings.items() if k != "num_beams"}}
+    expected = _transformers_ids(folder, TEXTS, 12, **settings)
+    assert model.generate_ids(TEXTS, max_new_tokens=12, num_beams=settings["num_beams"]) == expected
+    if family == "bart":  # here the beams find other outputs than greedy decoding: the search is exercised
+        assert model.generate_ids(TEXTS, max_new_tokens=12) != expected
 
 
 def test_the_artifact_holds_two_verified_graphs_and_refuses_a_tampered_decoder(bart_build, tmp_path):
@@ -121,6 +149,12 @@ def test_pipeline_generate_writes_each_output_and_bad_input_gets_one_line(bart_b
     result = CliRunner().invoke(main, ["generate", str(folder), TEXTS[0], "--max-new-tokens", "6"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == model.generate(TEXTS[0], max_new_tokens=6)
+    beams = CliRunner().invoke(main, ["generate", str(folder), TEXTS[0], "--max-new-tokens", "6", "--num-beams", "3"])
+    assert beams.exit_code == 0 and beams.output.strip() == model.generate(TEXTS[0], max_new_tokens=6, num_beams=3)
+    sampled = CliRunner().invoke(main, ["generate", str(folder), TEXTS[0], "--temperature", "0.7"])
+    assert sampled.exit_code != 0 and "--temperature apply to text-generation artifacts only" in sampled.output
+    with pytest.raises(InputError, match="num_beams=0 must be an int from 1 to 16"):
+        model.generate(TEXTS, num_beams=0)
     with pytest.raises(InputError, match="over the model's 128"):
         model.generate(["word " * 300])
     with pytest.raises(InputError, match="max_new_tokens"):

@@ -125,7 +125,10 @@ def transcribe(artifact, audio, max_new_tokens) -> None:
 @click.option("--seed", default=None, help="an int from 0 to 2**64 - 1; makes sampling repeatable")
 @click.option("--stop", multiple=True, help="a string that ends the text (repeatable)")
 @click.option("--chat", is_flag=True, help="send each prompt as one user message through the chat template")
-def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat) -> None:
+@click.option(
+    "--num-beams", type=click.IntRange(1, 16), default=None, help="text-to-text: beams (default: the config's)"
+)
+def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop, chat, num_beams) -> None:
     """Generate text from a decoder ARTIFACT for each of PROMPTS, streaming tokens as they come. With --chat, each
     prompt is a user's message, rendered with the checkpoint's chat template (as instruction-tuned models need).
     A text-to-text ARTIFACT (T5, BART, Marian) prints each prompt's output on a line, decoded greedily."""
@@ -142,8 +145,10 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
         seed = int(seed)  # anything else goes to the runtime as given, which names what it takes
     model = load(artifact)
     if getattr(model, "task", None) == "text2text-generation":
-        _text2text(model, prompts, max_new_tokens, {**settings, "seed": seed, "chat": chat or None})
+        _text2text(model, prompts, max_new_tokens, num_beams, {**settings, "seed": seed, "chat": chat or None})
         return
+    if num_beams is not None:
+        raise InputError("--num-beams applies to text2text-generation artifacts; a decoder samples or decodes greedily")
     if not hasattr(model, "stream"):
         raise PipelineError(
             f"{artifact} is a {model.task} artifact; generate needs a text-generation or text2text-generation one"
@@ -166,15 +171,16 @@ def generate(artifact, prompts, max_new_tokens, temperature, top_k, top_p, seed,
             click.echo(f"\n[{event.finish_reason}]")
 
 
-def _text2text(model, texts, max_new_tokens, others: dict) -> None:
-    """Print a text-to-text artifact's greedy output of each text, one a line."""
+def _text2text(model, texts, max_new_tokens, num_beams, others: dict) -> None:
+    """Print a text-to-text artifact's output of each text, one a line."""
     from pipeline.ops.summary import printable
 
     asked = sorted(k for k, v in others.items() if v not in (None, [], False) and k != "max_new_tokens")
     if asked:
         raise InputError(
-            f"a text2text-generation artifact decodes greedily; {', '.join('--' + a.replace('_', '-') for a in asked)}"
-            " apply to text-generation artifacts only: leave them out"
+            "a text2text-generation artifact decodes greedily or by beam search; "
+            f"{', '.join('--' + a.replace('_', '-') for a in asked)} apply to text-generation artifacts only: leave "
+            "them out"
         )
-    for text in model.generate(list(texts), max_new_tokens=max_new_tokens):
+    for text in model.generate(list(texts), max_new_tokens=max_new_tokens, num_beams=num_beams):
         click.echo(printable(text))

@@ -1,12 +1,13 @@
 """A loaded text-to-text artifact (T5, BART, mBART, Marian, M2M100/NLLB): texts in, texts out, without torch.
 
     texts --tokenizer--> source ids --encoder.onnx--> cross-attention keys and values, once a batch
-        --decoder.onnx, one token a step with its self-attention cache--> greedy tokens --tokenizer--> texts
+        --decoder.onnx, one token a step with its self-attention cache--> tokens --tokenizer--> texts
 
-Decoding follows transformers' greedy `generate` with the checkpoint's generation config: the decoder starts at
-`decoder_start_token_id` (then the forced first token, mBART's and NLLB's target language), never emits the
-suppressed tokens (single-token `bad_words_ids`), writes `forced_eos_token_id` at the length limit, and stops at an
-end token. Beam search is not implemented (the spec's `not_followed` lists the settings that ask for it).
+Decoding follows transformers' `generate` with the checkpoint's generation config (pipeline/runtime/decoding.py):
+the decoder starts at `decoder_start_token_id` (then the forced first token, mBART's and NLLB's target language),
+never emits the suppressed tokens (single-token `bad_words_ids`) or a repeated n-gram (`no_repeat_ngram_size`), no
+end token before `min_length`, `forced_eos_token_id` at the length limit; greedy, or beam search with `num_beams`,
+`length_penalty` and `early_stopping`. The spec's `not_followed` lists the config's settings it does not follow.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.runtime.decoding import Decoding, beam_search, mask_scores
 from pipeline.runtime.seq2seq import EncoderDecoder
 from pipeline.runtime.text import check_batch_size, check_texts, encode_batch
+
+MAX_BEAMS = 16
 
 
 class Text2TextModel(EncoderDecoder):
@@ -49,53 +53,81 @@ class Text2TextModel(EncoderDecoder):
         cross = self.encoder.run(self.cross_names, {"input_ids": ids, "attention_mask": mask})
         return {"encoder_attention_mask": mask, **dict(zip(self.cross_names, cross, strict=True))}
 
-    def greedy(self, source: dict, limit: int) -> list[list[int]]:
-        """Greedy new tokens of each source (without the end token), at most `limit` each."""
-        batch = len(source["encoder_attention_mask"])
-        ids = np.tile(np.array(self.prompt, dtype=np.int64), (batch, 1))
-        past, done, tokens = self.empty_cache(batch), np.zeros(batch, bool), [[] for _ in range(batch)]
-        forced_eos = self.spec.get("forced_eos_token_id")
-        for step in range(limit):
-            logits, past = self.step(ids, past, source)
-            logits = logits[:, -1].copy()
-            logits[:, self.suppress] = -np.inf
-            chosen = logits.argmax(-1)
-            if forced_eos is not None and step == limit - 1:  # transformers forces it at its max_length
-                chosen[:] = forced_eos
-            chosen[done] = int(self.spec["pad_id"])
-            for row in np.flatnonzero(~done):
-                if chosen[row] in self.eos:
-                    done[row] = True
-                else:
-                    tokens[row].append(int(chosen[row]))
-            if done.all():
-                break
-            ids = chosen[:, None].astype(np.int64)
-        return tokens
-
-    def _limit(self, max_new_tokens) -> int:
-        limit = self.max_length - len(self.prompt)
+    def decoding(self, max_new_tokens, num_beams) -> Decoding:
+        """The decoding settings of a call: the checkpoint's, the length capped at `max_new_tokens` after the prompt
+        and the beam count replaced by `num_beams` where given."""
+        spec, length = self.spec, self.max_length
         if max_new_tokens is not None:
             if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
                 raise InputError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-            limit = min(limit, max_new_tokens)
-        return max(limit, 1)
+            length = min(length, len(self.prompt) + max_new_tokens)
+        beams = int(spec.get("num_beams", 1)) if num_beams is None else num_beams
+        if isinstance(beams, bool) or not isinstance(beams, int) or not 1 <= beams <= MAX_BEAMS:
+            raise InputError(f"num_beams={num_beams!r} must be an int from 1 to {MAX_BEAMS}")
+        return Decoding(
+            max_length=max(length, len(self.prompt) + 1),
+            eos=tuple(int(i) for i in spec["eos_token_ids"]),
+            suppress=tuple(int(i) for i in spec["suppress_tokens"]),
+            forced_eos=spec.get("forced_eos_token_id"),
+            min_length=int(spec.get("min_length", 0)),
+            no_repeat_ngram_size=int(spec.get("no_repeat_ngram_size", 0)),
+            num_beams=beams,
+            length_penalty=float(spec.get("length_penalty", 1.0)),
+            early_stopping=spec.get("early_stopping", False),
+        )
 
-    def generate_ids(self, texts, max_new_tokens: int | None = None, batch_size: int | None = None) -> list[list[int]]:
-        """The greedy new token ids of each text (the end token left out)."""
-        texts = check_texts(texts, "generate()")
-        limit, size = self._limit(max_new_tokens), check_batch_size(batch_size, "generate()") or self.batch_size
-        tokens: list[list[int]] = []
-        for start in range(0, len(texts), size):
-            tokens += self.greedy(self.encode(texts[start : start + size]), limit)
+    def greedy(self, source: dict, settings: Decoding) -> list[list[int]]:
+        """Greedy new tokens of each source (without the end token)."""
+        batch = len(source["encoder_attention_mask"])
+        sequences = np.tile(np.array(self.prompt, dtype=np.int64), (batch, 1))
+        ids, past, done = sequences, self.empty_cache(batch), np.zeros(batch, bool)
+        while sequences.shape[1] < settings.max_length and not done.all():
+            logits, past = self.step(ids, past, source)
+            chosen = mask_scores(logits[:, -1].copy(), sequences, settings).argmax(-1)
+            chosen[done] = int(self.spec["pad_id"])
+            done |= np.isin(chosen, settings.eos)
+            ids = chosen[:, None].astype(np.int64)
+            sequences = np.concatenate([sequences, ids], axis=1)
+        tokens = []
+        for row in sequences[:, len(self.prompt) :].tolist():
+            ends = [i for i, t in enumerate(row) if t in settings.eos]
+            tokens.append(row[: ends[0]] if ends else row)
         return tokens
 
-    def generate(self, texts, max_new_tokens: int | None = None, batch_size: int | None = None):
-        """The output text of each input text (a list for a list, a str for a str): greedy decoding as
-        transformers' `generate` with the checkpoint's generation config; `max_new_tokens` caps each output
-        (the config's max_length where left out)."""
+    def beams(self, source: dict, settings: Decoding) -> list[list[int]]:
+        """Each source's best beam-search hypothesis (without the end token)."""
+        batch, beams = len(source["encoder_attention_mask"]), settings.num_beams
+        repeated = {name: np.repeat(value, beams, axis=0) for name, value in source.items()}
+
+        def step(ids, past):
+            return self.step(ids, past, repeated)
+
+        def reorder(past, rows):
+            return {name: value[rows] for name, value in past.items()}
+
+        return beam_search(step, reorder, self.empty_cache(batch * beams), self.prompt, batch, settings)
+
+    def generate_ids(
+        self, texts, max_new_tokens: int | None = None, batch_size: int | None = None, num_beams: int | None = None
+    ) -> list[list[int]]:
+        """The new token ids of each text (the end token left out)."""
+        texts = check_texts(texts, "generate()")
+        settings = self.decoding(max_new_tokens, num_beams)
+        size = check_batch_size(batch_size, "generate()") or self.batch_size
+        decode = self.greedy if settings.num_beams == 1 else self.beams
+        tokens: list[list[int]] = []
+        for start in range(0, len(texts), size):
+            tokens += decode(self.encode(texts[start : start + size]), settings)
+        return tokens
+
+    def generate(
+        self, texts, max_new_tokens: int | None = None, batch_size: int | None = None, num_beams: int | None = None
+    ):
+        """The output text of each input text (a list for a list, a str for a str), decoded as transformers'
+        `generate` decodes with the checkpoint's generation config: greedy, or beam search where the config (or
+        `num_beams`) asks for beams; `max_new_tokens` caps each output (the config's max_length where left out)."""
         single = isinstance(texts, str)
-        ids = self.generate_ids([texts] if single else texts, max_new_tokens, batch_size)
+        ids = self.generate_ids([texts] if single else texts, max_new_tokens, batch_size, num_beams)
         out = [self.tokenizer.decode(t, skip_special_tokens=True).strip() for t in ids]
         return out[0] if single else out
 

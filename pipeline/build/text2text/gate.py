@@ -6,8 +6,9 @@ texts, as the decoders' gate judges continuations.
     teacher_top1_agreement   along PyTorch's own output, the share of positions where the artifact's top token is
                              PyTorch's (the decoder judged without its own earlier choices)
 
-Both sides decode greedily for at most GATE_NEW_TOKENS tokens after the prompt, with the checkpoint's forced and
-suppressed tokens (pipeline/build/text2text/settings.py).
+Both sides decode greedily (the graphs are judged; beam search is a function of the same scores) for at most
+GATE_NEW_TOKENS tokens after the prompt, with the checkpoint's forced, suppressed and repeated-n-gram masks
+(pipeline/build/text2text/settings.py).
 """
 
 from __future__ import annotations
@@ -39,14 +40,7 @@ def text2text_reference(checkpoint: Checkpoint, texts: list[str]) -> dict:
     for text in texts:
         source = tokenizer([text], return_tensors="pt", return_token_type_ids=False)
         with torch.inference_mode():
-            ids = model.generate(
-                **source,
-                do_sample=False,
-                num_beams=1,
-                min_length=0,
-                no_repeat_ngram_size=0,
-                max_length=len(prompt) + new,
-            )[0].tolist()
+            ids = model.generate(**source, do_sample=False, num_beams=1, max_length=len(prompt) + new)[0].tolist()
         row = ids[len(prompt) :]
         row = row[: next((i for i, t in enumerate(row) if t in eos), len(row))]
         tokens.append(row)
@@ -59,7 +53,8 @@ def text2text_reference(checkpoint: Checkpoint, texts: list[str]) -> dict:
 def text2text_outputs(model, texts: list[str], batch_size: int, reference: dict | None = None) -> dict:
     """A runtime Text2TextModel's greedy output tokens of `texts` (batched by `batch_size`), and its
     teacher-forced top-1 tokens along `reference`'s outputs where given."""
-    result = {"tokens": model.generate_ids(texts, max_new_tokens=gate_tokens(model.spec), batch_size=batch_size)}
+    new = gate_tokens(model.spec)
+    result = {"tokens": model.generate_ids(texts, max_new_tokens=new, batch_size=batch_size, num_beams=1)}
     if reference is not None:
         result["top1"] = [model.logits(t, r).argmax(-1) for t, r in zip(texts, reference["tokens"], strict=True)]
     return result

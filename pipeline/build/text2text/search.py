@@ -27,7 +27,7 @@ def _time(models: dict, texts: list, batch: int) -> tuple[dict, dict]:
     shapes = {"text_1": (texts[:1], 1), f"texts_{len(texts)}": (texts, batch)}
     calls = {
         shape: {
-            name: (lambda m=m, w=work, n=size: m.generate_ids(w, max_new_tokens=new, batch_size=n))
+            name: (lambda m=m, w=work, n=size: m.generate_ids(w, max_new_tokens=new, batch_size=n, num_beams=1))
             for name, m in models.items()
         }
         for shape, (work, size) in shapes.items()

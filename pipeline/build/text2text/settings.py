@@ -2,10 +2,10 @@
 
 transformers' `generate` starts the decoder at `decoder_start_token_id`, forces `forced_bos_token_id` (mBART's and
 NLLB's target language) as the first new token, never emits a single-token entry of `bad_words_ids` (Marian's
-padding), forces `forced_eos_token_id` when the output reaches `max_length`, and stops at `eos_token_id`. The
-runtime does the same, greedily. Beam search and the length settings for it (`num_beams`, `length_penalty`,
-`no_repeat_ngram_size`, `min_length`) are not implemented: they are listed in the spec's `not_followed`, and the
-gate's reference decodes greedily as the runtime does.
+padding), forces `forced_eos_token_id` when the output reaches `max_length`, never repeats an n-gram of
+`no_repeat_ngram_size`, writes no end token before `min_length`, stops at `eos_token_id`, and searches `num_beams`
+beams with `length_penalty` and `early_stopping`. The runtime does the same (pipeline/runtime/decoding.py); the
+settings it does not follow (sampling, repetition penalties, beam groups) are listed in the spec's `not_followed`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,16 @@ from pipeline.build.speech.settings import read_json
 from pipeline.errors import ExportError
 from pipeline.runtime.schema import DECODER_GRAPH
 
-# generation_config.json settings the runtime's greedy decoding does not follow, with the value that means "off".
-NOT_FOLLOWED = {"num_beams": 1, "length_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0, "do_sample": False}
+# generation_config.json settings the runtime's decoding does not follow, with the value that means "off".
+NOT_FOLLOWED = {
+    "do_sample": False,
+    "num_beam_groups": 1,
+    "repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "num_return_sequences": 1,
+}
+MAX_BEAMS = 16  # the runtime's bound; a config asking for more is decoded with this many
 DEFAULT_MAX_LENGTH = 20  # transformers' GenerationConfig default
 LONGEST_SOURCE = 4096  # a bound on the source tokens where neither the config nor the tokenizer gives one
 
@@ -78,7 +86,28 @@ def text2text_spec(checkpoint: Checkpoint, config, tokenizer, layers: int) -> di
         "pad_id": eos[0] if pad is None else _id(pad, "pad_token_id", vocab),
         "source_pad_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
         "suppress_tokens": suppress,
+        **_search_settings(generation),
         "not_followed": {
             k: generation[k] for k, off in NOT_FOLLOWED.items() if generation.get(k, off) not in (off, None)
         },
     }
+
+
+def _search_settings(generation: dict) -> dict:
+    """The length and beam settings of the generation config, checked."""
+    early = generation.get("early_stopping", False)
+    if early not in (True, False, "never"):
+        raise ExportError(f'generation_config.json: early_stopping must be true, false or "never", got {early!r}')
+    settings = {
+        "min_length": generation.get("min_length") or 0,
+        "no_repeat_ngram_size": generation.get("no_repeat_ngram_size") or 0,
+        "num_beams": generation.get("num_beams") or 1,
+    }
+    for key, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ExportError(f"generation_config.json: {key} must be an int >= 0, got {str(value)[:40]}")
+    penalty = generation.get("length_penalty", 1.0)
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float):
+        raise ExportError(f"generation_config.json: length_penalty must be a number, got {str(penalty)[:40]}")
+    beams = min(max(settings["num_beams"], 1), MAX_BEAMS)
+    return {**settings, "num_beams": beams, "length_penalty": float(penalty), "early_stopping": early}
