@@ -57,7 +57,7 @@ def tiny_build(tiny_random_whisper, tmp_path_factory):
     return _build(tiny_random_whisper, tmp_path_factory.mktemp("tiny-build"))
 
 
-def _transformers_texts(folder, clips) -> list[str]:
+def _transformers_texts(folder, clips, num_beams: int = 1) -> list[str]:
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
@@ -65,7 +65,7 @@ def _transformers_texts(folder, clips) -> list[str]:
     processor = WhisperProcessor.from_pretrained(folder)
     features = processor(clips, sampling_rate=16000, return_tensors="pt").input_features
     with torch.inference_mode():
-        ids = model.generate(features, do_sample=False, num_beams=1)
+        ids = model.generate(features, do_sample=False, num_beams=num_beams)
     return [t.strip() for t in processor.batch_decode(ids, skip_special_tokens=True)]
 
 
@@ -86,6 +86,16 @@ def test_a_tiny_random_whisper_builds_and_transcribes_token_for_token_as_transfo
     got = model.transcribe(clips, batch_size=2)
     assert got == _transformers_texts(tiny_random_whisper, clips) and model.transcribe(clips[0]) == got[0]
     assert manifest.stage("validate").metrics["word_error_rate"] == 0.0
+
+
+def test_beam_search_transcribes_as_transformers_beam_search(tiny_random_whisper, tiny_build):
+    model = load(tiny_build.published["path"])
+    clips = [synthesize(s) for s in SENTENCES]
+    expected = _transformers_texts(tiny_random_whisper, clips, num_beams=3)
+    assert model.transcribe(clips, num_beams=3) == expected
+    assert model.transcribe(clips) == _transformers_texts(tiny_random_whisper, clips)
+    with pytest.raises(InputError, match="num_beams=0 must be an int from 1 to 16"):
+        model.transcribe(clips, num_beams=0)
 
 
 def test_whisper_tiny_en_builds_for_native_and_transcribes_held_out_speech_as_transformers(whisper_tiny_en, tmp_path):

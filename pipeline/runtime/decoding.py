@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 NEG = np.float32(-1e9)
+MAX_BEAMS = 16  # beams a call may ask for: each is a row of the decoder's batch and of its cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Decoding:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     prompt_start: int = 1
+    begin_suppress: tuple[int, ...] = ()  # never the first generated token (Whisper's), at length `begin_index`
+    begin_index: int = 0
 
 
 def mask_scores(scores: np.ndarray, sequences: np.ndarray, settings: Decoding) -> np.ndarray:
@@ -55,6 +58,8 @@ def mask_scores(scores: np.ndarray, sequences: np.ndarray, settings: Decoding) -
         scores[:, settings.forced_eos] = 0
     if settings.suppress:
         scores[:, list(settings.suppress)] = -np.inf
+    if settings.begin_suppress and cur_len == settings.begin_index:
+        scores[:, list(settings.begin_suppress)] = -np.inf
     return scores
 
 

@@ -35,6 +35,21 @@ class EncoderDecoder:
         outs = self.decoder.run(None, {"input_ids": ids, **past, **feeds})
         return outs[0], dict(zip(self.past_names, outs[1:], strict=True))
 
+    def beam_tokens(self, feeds: dict, batch: int, prompt: list[int], settings) -> list[list[int]]:
+        """Each input's best beam-search hypothesis after `prompt` (pipeline.runtime.decoding), the encoder's
+        `feeds` of `batch` inputs repeated for each input's beams."""
+        from pipeline.runtime.decoding import beam_search
+
+        repeated = {name: np.repeat(value, settings.num_beams, axis=0) for name, value in feeds.items()}
+
+        def step(ids, past):
+            return self.step(ids, past, repeated)
+
+        def reorder(past, rows):
+            return {name: value[rows] for name, value in past.items()}
+
+        return beam_search(step, reorder, self.empty_cache(batch * settings.num_beams), prompt, batch, settings)
+
     def empty_cache(self, batch: int) -> dict:
         shape = (batch, int(self.spec["heads"]), 0, int(self.spec["head_dim"]))
         return {name: np.zeros(shape, np.float32) for name in self.past_names}

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.audio import MAX_SECONDS, SAMPLE_RATE, log_mel_features, read_wav, windows
+from pipeline.runtime.decoding import MAX_BEAMS, Decoding
 from pipeline.runtime.seq2seq import EncoderDecoder
 
 TASKS = ("transcribe", "translate")
@@ -125,6 +126,32 @@ class SpeechModel(EncoderDecoder):
             ids = chosen[:, None].astype(np.int64)
         return tokens
 
+    def beams(self, cross: dict, prompt: list[int], limit: int, num_beams: int) -> list[list[int]]:
+        """Beam-search tokens of each window (without the prompt and the end token), as transformers' generate with
+        `num_beams` and no timestamps; a multilingual model told no language searches each window with its own."""
+        batch = len(cross[self.cross_names[0]])
+        if prompt[1] == -1:
+            found = self._languages(cross)
+            return [
+                self.beams(
+                    {k: v[i : i + 1] for k, v in cross.items()},
+                    [prompt[0], int(found[i]), *prompt[2:]],
+                    limit,
+                    num_beams,
+                )[0]
+                for i in range(batch)
+            ]
+        settings = Decoding(
+            max_length=len(prompt) + limit,
+            eos=tuple(int(i) for i in self.eos),
+            suppress=tuple(int(i) for i in self.suppress),
+            begin_suppress=tuple(int(i) for i in self.begin_suppress),
+            begin_index=len(prompt),
+            num_beams=num_beams,
+            prompt_start=len(prompt),
+        )
+        return self.beam_tokens(cross, batch, prompt, settings)
+
     def transcribe(
         self,
         audio,
@@ -132,11 +159,14 @@ class SpeechModel(EncoderDecoder):
         task: str = "transcribe",
         max_new_tokens: int | None = None,
         batch_size: int | None = None,
+        num_beams: int = 1,
     ):
         """The text spoken in `audio` (a WAV path or 16 kHz float samples), or a list of texts for a list of them.
 
-        Greedy decoding, as transformers' generate without timestamps; `max_new_tokens` caps each 30 s window's
-        tokens (the model's own limit where left out)."""
+        Greedy decoding, or beam search with `num_beams`, as transformers' generate without timestamps;
+        `max_new_tokens` caps each 30 s window's tokens (the model's own limit where left out)."""
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+            raise InputError(f"num_beams={num_beams!r} must be an int from 1 to {MAX_BEAMS}")
         single = not isinstance(audio, list)
         inputs = [check_audio(a) for a in ([audio] if single else audio)]
         prompt = self.prompt(language, task)
@@ -151,7 +181,9 @@ class SpeechModel(EncoderDecoder):
         tokens: list[list[int]] = []
         for start in range(0, len(flat), size):
             cross = self.encode(self.features(flat[start : start + size]))
-            tokens += self.greedy(cross, prompt, limit)
+            tokens += (
+                self.greedy(cross, prompt, limit) if num_beams == 1 else self.beams(cross, prompt, limit, num_beams)
+            )
         texts, at = [], 0
         for cut in cuts:
             parts = [self.tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens[at : at + len(cut)]]

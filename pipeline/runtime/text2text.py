@@ -17,11 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import InputError
-from pipeline.runtime.decoding import Decoding, beam_search, mask_scores
+from pipeline.runtime.decoding import MAX_BEAMS, Decoding, mask_scores
 from pipeline.runtime.seq2seq import EncoderDecoder
 from pipeline.runtime.text import check_batch_size, check_texts, encode_batch
-
-MAX_BEAMS = 16
 
 
 class Text2TextModel(EncoderDecoder):
@@ -96,16 +94,7 @@ class Text2TextModel(EncoderDecoder):
 
     def beams(self, source: dict, settings: Decoding) -> list[list[int]]:
         """Each source's best beam-search hypothesis (without the end token)."""
-        batch, beams = len(source["encoder_attention_mask"]), settings.num_beams
-        repeated = {name: np.repeat(value, beams, axis=0) for name, value in source.items()}
-
-        def step(ids, past):
-            return self.step(ids, past, repeated)
-
-        def reorder(past, rows):
-            return {name: value[rows] for name, value in past.items()}
-
-        return beam_search(step, reorder, self.empty_cache(batch * beams), self.prompt, batch, settings)
+        return self.beam_tokens(source, len(source["encoder_attention_mask"]), self.prompt, settings)
 
     def generate_ids(
         self, texts, max_new_tokens: int | None = None, batch_size: int | None = None, num_beams: int | None = None
