@@ -9,6 +9,9 @@ A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 f
 `max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
 panic is no Exception), is retried request by request: only the request at fault gets its error.
 
+Paths under /v1/ are OpenAI's API (models, chat and text completions, embeddings): pipeline.serving.openai_api
+checks them and builds the answers, pipeline.serving.openai_routes runs them; refusals there take OpenAI's shape.
+
 Ray's proxy hands a request to a replica once its headers are in; the replica pulls the body from the proxy as
 it comes, holding one of its `max_ongoing_requests`. So reads are bounded in time (`body_timeout_s`) and number
 (`max_body_reads` a replica, beyond a batch's places): clients slow to send a body cannot stall the others.
