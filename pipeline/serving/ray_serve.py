@@ -9,6 +9,9 @@ A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 f
 `max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
 panic is no Exception), is retried request by request: only the request at fault gets its error.
 
+Paths under /v1/ are OpenAI's API (models, chat and text completions, embeddings): pipeline.serving.openai_api
+checks them and builds the answers, pipeline.serving.openai_routes runs them; refusals there take OpenAI's shape.
+
 Ray's proxy hands a request to a replica once its headers are in; the replica pulls the body from the proxy as
 it comes, holding one of its `max_ongoing_requests`. So reads are bounded in time (`body_timeout_s`) and number
 (`max_body_reads` a replica, beyond a batch's places): clients slow to send a body cannot stall the others.
@@ -31,6 +34,17 @@ import time
 from urllib.parse import urlparse
 
 from pipeline.errors import InputError, ServingError
+from pipeline.serving import openai_routes
+from pipeline.serving.openai_api import (
+    EMBEDDINGS,
+    MODELS,
+    APIError,
+    Served,
+    check_route,
+    models_answer,
+    parse_embeddings,
+    parse_generation,
+)
 from pipeline.serving.ray_local import local_ray_environment, ray_init, remove_private_temp_dir
 from pipeline.serving.requests import (
     BODY_TIMEOUT_S,
@@ -121,24 +135,32 @@ def _first_line(err: BaseException) -> str:
 def _deployment():
     from ray import serve
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, StreamingResponse
 
     from pipeline.runtime.text import FATAL
 
     # Never answered as one request's failure: they stop the process, or cancel the task on purpose.
     fatal = (*FATAL, asyncio.CancelledError)
 
-    def error(status: int, err: BaseException, **headers) -> JSONResponse:
-        return JSONResponse({"error": _first_line(err)}, status_code=status, headers=headers or None)
+    def error(status: int, err: BaseException, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse({"error": _first_line(err)}, status_code=status, headers=headers)
+
+    def api_error(status: int, err: BaseException, headers: dict | None = None) -> JSONResponse:
+        """A refusal in OpenAI's shape, for the /v1 routes."""
+        refusal = err if isinstance(err, APIError) else APIError(_first_line(err), status=status)
+        return JSONResponse(refusal.body(), status_code=refusal.status, headers=headers)
 
     class ArtifactReplica:
         """One replica: the artifact loaded once, requests batched across callers."""
 
-        def __init__(self, artifact: str, threads: int, max_batch_size: int, wait_s: float, limits: dict):
+        def __init__(
+            self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict
+        ):
             from pipeline.runtime import load
 
             bind_replica_grpc_to_node_ip()
             self.model = load(artifact, intra_op_threads=threads)
+            self.served = served
             self.key = answer_key(self.model.task)
             self.image = getattr(self.model, "modality", "text") == "image"
             self.limits = limits
@@ -186,15 +208,15 @@ def _deployment():
                 start += len(call)
             return answers
 
-        async def read(self, request: Request):
-            """The request's body, or the refusal to answer: 503 while max_body_reads bodies are being read, 408
-            past body_timeout_s, 413 over max_body_bytes."""
+        async def read(self, request: Request) -> bytes | tuple[int, InputError, dict | None]:
+            """The request's body, or the refusal to answer (status, error, headers): 503 while max_body_reads
+            bodies are being read, 408 past body_timeout_s, 413 over max_body_bytes."""
             if self.reading >= self.limits["max_body_reads"]:
                 busy = ServingError(
                     f"this replica is reading {self.limits['max_body_reads']} request bodies already (max_body_reads:"
                     " clients slow to send them); retry in a second"
                 )
-                return error(503, busy, **{"Retry-After": "1"})
+                return 503, busy, {"Retry-After": "1"}
             self.reading += 1
             try:
                 async with asyncio.timeout(self.limits["body_timeout_s"]):
@@ -204,18 +226,55 @@ def _deployment():
                     f"the request body did not arrive within the limit of {self.limits['body_timeout_s']:g} s "
                     "(body_timeout_s, `pipeline serve --body-timeout`); send the whole body with the headers"
                 )
-                return error(408, late, Connection="close")
+                return 408, late, {"Connection": "close"}
             except InputError as err:
-                return error(413, err)
+                return 413, err, None
             finally:
                 self.reading -= 1
 
+        def failed(self, err: BaseException, respond=error) -> JSONResponse:
+            """The answer to a request the model failed on: 400 for its input, else 500 (logged)."""
+            if isinstance(err, InputError):
+                return respond(400, err)
+            why = f"{type(err).__name__}: {_first_line(err)}"
+            logging.getLogger("ray.serve").error("a request failed (%s)", why, exc_info=err)
+            return respond(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))
+
+        async def openai(self, request: Request):
+            """The OpenAI-compatible routes (pipeline.serving.openai_api); a chat or completion runs alone."""
+            try:
+                route = check_route(self.served, request.method, request.url.path)
+                if route == MODELS:
+                    return models_answer(self.served)
+                body = await self.read(request)
+                if not isinstance(body, bytes):
+                    return api_error(*body)
+                if route == EMBEDDINGS:
+                    parsed = parse_embeddings(body, self.served, self.limits["max_texts"])
+                    vectors = await self.batched(list(parsed.texts))
+                    if isinstance(vectors, BaseException):
+                        return self.failed(vectors, api_error)
+                    return openai_routes.embeddings(self.model, self.served, parsed, vectors)
+                parsed = parse_generation(route, body, self.served, self.limits["max_texts"])
+                if parsed.stream:
+                    chunks = await asyncio.to_thread(openai_routes.start_stream, self.model, self.served, parsed)
+                    return StreamingResponse(chunks, media_type="text/event-stream")
+                return await asyncio.to_thread(openai_routes.generate, self.model, self.served, parsed)
+            except fatal:
+                raise
+            except APIError as err:
+                return api_error(err.status, err)
+            except BaseException as err:  # the runtime's InputError, or a failure of the model
+                return self.failed(err, api_error)
+
         async def __call__(self, request: Request):
+            if request.url.path == "/v1" or request.url.path.startswith("/v1/"):
+                return await self.openai(request)
             if request.method != "POST":
-                return error(405, InputError(f"{request.method} is not served here; {USAGE}"), Allow="POST")
+                return error(405, InputError(f"{request.method} is not served here; {USAGE}"), {"Allow": "POST"})
             body = await self.read(request)
             if not isinstance(body, bytes):
-                return body
+                return error(*body)
             try:
                 if self.image:
                     texts = read_image(body)
@@ -224,12 +283,8 @@ def _deployment():
             except InputError as err:
                 return error(400, err)
             answer = await self.batched(texts)
-            if isinstance(answer, InputError):
-                return error(400, answer)
             if isinstance(answer, BaseException):
-                why = f"{type(answer).__name__}: {_first_line(answer)}"
-                logging.getLogger("ray.serve").error("a request failed (%s)", why, exc_info=answer)
-                return error(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))
+                return self.failed(answer)
             return {self.key: answer}
 
     return ArtifactReplica
@@ -263,6 +318,7 @@ def deploy(
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
     }
     manifest = verify_artifact(artifact)
+    served = Served.from_manifest(manifest)
     if address:
         check_reachable(address)
     else:
@@ -285,7 +341,9 @@ def deploy(
     replica = serve.deployment(_deployment(), name="artifact", **options)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(replica.bind(str(artifact), threads, batch, wait_ms / 1000, limits), name=APP, route_prefix=ROUTE)
+        serve.run(
+            replica.bind(str(artifact), served, threads, batch, wait_ms / 1000, limits), name=APP, route_prefix=ROUTE
+        )
     except RuntimeError as err:
         raise ServingError(f"Ray Serve could not deploy {artifact}: {str(err).splitlines()[0]}") from None
     return f"http://127.0.0.1:{port}{ROUTE}"
