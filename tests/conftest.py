@@ -211,3 +211,16 @@ def served_answers(artifact, bodies: list[bytes], content_type: str, **options) 
     finally:
         ray_serve.shutdown()
     return answers
+
+
+def tampered_copy(artifact, tmp_path: Path, name: str) -> Path:
+    """A copy of the published `artifact` (at its name/version/target, as its manifest says) whose file `name` has
+    one byte more than the manifest's hash covers."""
+    import shutil
+
+    copy = tmp_path.joinpath(*Path(artifact).parts[-3:])
+    shutil.copytree(artifact, copy)
+    (copy / name).chmod(0o644)
+    with open(copy / name, "ab") as f:
+        f.write(b"\0")
+    return copy

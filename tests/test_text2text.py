@@ -14,6 +14,7 @@ from pipeline.cli import main
 from pipeline.errors import InputError
 from pipeline.runtime import load
 
+from .conftest import tampered_copy
 from .tiny_text2text import FAMILIES, make_text2text
 
 TEXTS = [
@@ -96,20 +97,13 @@ def test_beam_search_writes_transformers_tokens(family, settings, request):
 
 
 def test_the_artifact_holds_two_verified_graphs_and_refuses_a_tampered_decoder(bart_build, tmp_path):
-    import shutil
-
     from pipeline.errors import ArtifactError
 
     folder = bart_build[1].published["path"]
     published = json.loads(open(f"{folder}/manifest.json").read())
     assert {"encoder.onnx", "decoder.onnx", "tokenizer.json"} <= set(published["files"])
-    copy = tmp_path.joinpath(*Path(folder).parts[-3:])  # name/version/target, as the manifest says
-    shutil.copytree(folder, copy)
-    (copy / "decoder.onnx").chmod(0o644)
-    with open(copy / "decoder.onnx", "ab") as f:
-        f.write(b"\0")
     with pytest.raises(ArtifactError, match="decoder.onnx"):
-        load(copy)
+        load(tampered_copy(folder, tmp_path, "decoder.onnx"))
 
 
 def test_a_quantized_candidate_is_built_judged_and_timed_for_each_graph(bart_build):

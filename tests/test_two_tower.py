@@ -11,6 +11,7 @@ from pipeline.build.table import build
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import artifact_graphs, load
 
+from .conftest import tampered_copy
 from .tiny import decoder_tokenizer
 
 LABELS = ["a photo of a cat", "a photo of an astronaut", "a cup of coffee", "a motorcycle", "a rocket"]
@@ -101,20 +102,14 @@ def test_zero_shot_scores_and_labels_equal_transformers_on_photographs(two_tower
 
 
 def test_the_artifact_holds_both_towers_verified_and_refuses_a_tampered_text_tower(two_tower_build, tmp_path):
-    import shutil
     from pathlib import Path
 
     folder = Path(two_tower_build[2].published["path"])
     published = json.loads((folder / "manifest.json").read_text())
     assert {"model.onnx", "text.onnx", "tokenizer.json", "preprocessor_config.json"} <= set(published["files"])
     assert artifact_graphs(published) == ["model.onnx"]  # the text tower is no graph to load on its own
-    copy = tmp_path.joinpath(*folder.parts[-3:])
-    shutil.copytree(folder, copy)
-    (copy / "text.onnx").chmod(0o644)
-    with open(copy / "text.onnx", "ab") as f:
-        f.write(b"\0")
     with pytest.raises(ArtifactError, match="text.onnx"):
-        load(copy)
+        load(tampered_copy(folder, tmp_path, "text.onnx"))
 
 
 def test_bad_labels_get_one_line_and_the_model_keeps_working(two_tower_build):

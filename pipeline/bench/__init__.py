@@ -4,6 +4,7 @@ encoder.py      encoders: PyTorch, the unoptimized and fp32 graphs, the artifact
 serving.py      direct calls, the Batcher, Triton and Ray Serve at 1, 8 and 32 concurrent callers
 generation.py   decoders: time to first token and decode tokens/s against transformers' generate
 speech.py       speech recognition: real-time factor and word error rate against faster-whisper and transformers
+images.py       image encoders: images/s at batch 1 and 32 against OpenVINO's default compile and PyTorch
 calibration.py  peak memory of static calibration
 profile.py      per-op time by class against the host's GEMM limit (op_times.py: the engines' profilers; gemm_limit.py)
 plot.py, common.py
@@ -31,6 +32,10 @@ def run(
         from pipeline.bench.speech import bench_speech
 
         return bench_speech(artifact, out_dir, quick=quick)
+    if manifest["model"].get("modality") == "image":
+        from pipeline.bench.images import bench_images
+
+        return bench_images(artifact, cache_dir, out_dir, quick=quick, baseline=baseline)
     if manifest["model"]["task"] == "text-generation":
         from pipeline.bench.generation import bench_generation
 
@@ -49,6 +54,10 @@ def markdown(results: dict) -> str:
         from pipeline.bench.speech import markdown as speech_markdown
 
         return speech_markdown(results)
+    if "batches" in results:
+        from pipeline.bench.images import markdown as images_markdown
+
+        return images_markdown(results)
     if "runs" in results:
         from pipeline.bench.generation import markdown as generation_markdown
 

@@ -1,0 +1,157 @@
+"""Image encoders' speed: images/s of an image artifact's graph against OpenVINO's default compile of the plain
+export (the one-line alternative) and PyTorch fp32, at batch 1 and 32, alternating round by round in one process;
+and each one's cosine against PyTorch on the same pictures.
+
+    scikit-image's photographs --the runtime's preprocessing--> pixel_values [n, 3, H, W] (the same for all)
+        --> each variant, in turn, round after round: pixel_values in -> embeddings (or logits) out
+
+What is timed is the model alone, on the same pixel batch for every variant: the artifact's session (as it loads:
+its engine, precision and session settings), OpenVINO's `compile_model(export, "CPU")` with no settings (bf16
+where the CPU has it), and the transformers model under inference_mode. Preprocessing is the same for all and is
+left out. The ratios pair rounds: the peer's time over the artifact's, above 1 the artifact is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench.common import bench_folder, host_line, identity, write_results
+from pipeline.build.timing import ARTIFACT, alternate, median_range
+from pipeline.errors import InputError
+
+OPENVINO_DEFAULT = "openvino-default"
+PYTORCH = "pytorch-fp32"
+BATCHES, QUICK_BATCHES = (1, 32), (1, 4)
+ROUNDS, QUICK_ROUNDS = 10, 2
+SETTLE_S = 0.3  # the previous engine's spinning threads park before the next is timed
+
+
+def _pictures(count: int, spec) -> np.ndarray:
+    """`count` pixel batches' rows from scikit-image's photographs (repeated to fill), as the runtime prepares them."""
+    import skimage
+
+    from pipeline.runtime.images import pixel_values
+
+    root = Path(skimage.data.__path__[0])
+    files = sorted(p for p in root.glob("*.png") if p.stat().st_size > 20_000)[:8]
+    return pixel_values([str(files[i % len(files)]) for i in range(count)], spec)
+
+
+def _variants(manifest: dict, real: Path, cache_dir: Path | None, threads: int) -> dict:
+    import openvino as ov
+
+    from pipeline.runtime.load import load
+
+    model = load(real, intra_op_threads=threads)
+    image_model = getattr(model, "image_model", model)  # a two-tower artifact's image tower
+    name = image_model.output_name
+    runners = {ARTIFACT: lambda pixels: image_model.session.run([name], {"pixel_values": pixels})[0]}
+    export = (cache_dir or Path(".cache/stages")) / "export" / manifest["stages"]["export"]["key"] / "model.onnx"
+    if export.exists():
+        compiled = ov.Core().compile_model(str(export), "CPU")  # no settings: the default compile
+        runners[OPENVINO_DEFAULT] = lambda pixels: compiled({"pixel_values": pixels})[compiled.output(name)]
+    return runners
+
+
+def _pytorch(manifest: dict, threads: int):
+    import torch
+
+    from pipeline.build.accuracy.reference import checkpoint_from_source, image_head, load_torch_model
+
+    torch.set_num_threads(threads)
+    checkpoint = checkpoint_from_source(manifest["source"])
+    head = image_head(load_torch_model(checkpoint), checkpoint)
+
+    def run(pixels):
+        with torch.inference_mode():
+            return head(torch.from_numpy(pixels)).numpy()
+
+    return run
+
+
+def _figure(values: list[float]) -> dict:
+    median, low, high = median_range(values)
+    return {"median": median, "range": [low, high]}
+
+
+def image_speed(runners: dict, batches: dict[int, np.ndarray], rounds: int) -> dict:
+    """Per batch size: each variant's ms and images/s (median and p10-p90 of `rounds` alternating rounds), its
+    cosine against PyTorch's output, and the artifact's paired ratio against each other variant."""
+    results = {}
+    for size, pixels in batches.items():
+        times = alternate(runners, pixels, rounds, warmups=2, settle_s=SETTLE_S)
+        outputs = {name: np.asarray(run(pixels), dtype=np.float64) for name, run in runners.items()}
+        reference = outputs.get(PYTORCH)
+        row = {}
+        for name, ms in times.items():
+            cosine = None
+            if reference is not None:
+                a, b = reference.reshape(size, -1), outputs[name].reshape(size, -1)
+                cosine = float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+            row[name] = {"ms": _figure(ms), "images_per_s": _figure([size * 1000 / t for t in ms]), "cosine": cosine}
+            if name != ARTIFACT:
+                row[name]["artifact_speedup"] = _figure([o / a for o, a in zip(ms, times[ARTIFACT], strict=True)])
+        results[str(size)] = row
+    return results
+
+
+def bench_images(artifact, cache_dir=None, out_dir=None, quick: bool = False, baseline: str | None = "pytorch"):
+    """Benchmark an image artifact against OpenVINO's default compile of its plain export (from the stage cache)
+    and PyTorch fp32; writes bench.json and bench.md beside it (or to `out_dir`) and returns the results."""
+    from pipeline.build.cache import package_versions
+    from pipeline.runtime.artifact import verify_artifact
+    from pipeline.runtime.host import usable_cores
+    from pipeline.runtime.images import ImageSpec
+
+    real = Path(artifact).resolve()
+    manifest = verify_artifact(real)
+    if manifest["model"].get("modality") != "image":
+        raise InputError(f"{artifact} is a {manifest['model']['task']} artifact; the image benchmark takes image ones")
+    threads = min(int(manifest.get("session", {}).get("intra_op_threads", 0) or 0) or usable_cores(), usable_cores())
+    runners = _variants(manifest, real, Path(cache_dir) if cache_dir else None, threads)
+    if baseline == "pytorch":
+        runners[PYTORCH] = _pytorch(manifest, threads)
+    spec = ImageSpec.from_json(json.loads((real / manifest["model"]["preprocessor"]).read_text()))
+    sizes = QUICK_BATCHES if quick else BATCHES
+    started = time.perf_counter()
+    speed = image_speed(runners, {n: _pictures(n, spec) for n in sizes}, QUICK_ROUNDS if quick else ROUNDS)
+    results = {
+        "task": manifest["model"]["task"],
+        **identity(manifest, real, threads),
+        "peer_versions": package_versions(("openvino", "torch", "onnxruntime")),
+        "batches": speed,
+        "variants": list(runners),
+        "bench_seconds": time.perf_counter() - started,
+    }
+    results["written_to"] = str(write_results(results, markdown(results), out_dir or bench_folder(real, manifest)))
+    return results
+
+
+def markdown(results: dict) -> str:
+    """One table a batch size: each variant's images/s and ms (median [p10, p90]), cosine, and the artifact's
+    speedup over it."""
+    name = " ".join(str(results[k]) for k in ("model_name", "version", "target"))
+    lines = [f"# Images: {name}", "", host_line(results), ""]
+    for size, row in results["batches"].items():
+        lines += [
+            f"## batch {size}",
+            "",
+            "| variant | images/s | ms | cosine vs PyTorch | artifact speedup over it |",
+            "|---|---|---|---|---|",
+        ]
+        for variant, figures in row.items():
+            cells = [_cell(figures["images_per_s"], 1), _cell(figures["ms"], 1)]
+            cosine = "-" if figures["cosine"] is None else f"{figures['cosine']:.5f}"
+            speedup = _cell(figures["artifact_speedup"], 2) if "artifact_speedup" in figures else "-"
+            lines.append(f"| {variant} | {cells[0]} | {cells[1]} | {cosine} | {speedup} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(figure: dict, digits: int) -> str:
+    low, high = figure["range"]
+    return f"{figure['median']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
