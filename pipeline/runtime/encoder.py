@@ -193,6 +193,12 @@ class Model:
             return self._np.concatenate([self._outputs(self.encode(c), batch_size, bucketing) for c in chunks])
         return self._outputs(self.encode(texts), batch_size, bucketing, shape_buckets=shape_buckets)
 
+    def run_pixels(self, pixels, batch_size: int | None = None):
+        """An image artifact's outputs of pixel values already prepared ([n, 3, H, W], as pipeline.runtime.images
+        prepares them), run as `run` runs pictures: in batches, over the artifact's streams where it has them."""
+        self._check_modality("image", "run_pixels()")
+        return self._outputs(list(pixels), check_batch_size(batch_size, "run_pixels()") or self.batch_size)
+
     def embed_images(self, images, batch_size: int | None = None):
         """An image-feature-extraction artifact's embeddings [n, dim] of a list of pictures (paths, file bytes,
         uint8 arrays or Pillow images)."""
@@ -240,6 +246,10 @@ class Model:
             for row, index in enumerate(chunk):
                 results[index] = out[row, : lengths[index]] if per_token else out[row]
         return results if per_token else np.stack(results)
+
+    def _check_modality(self, modality: str, call: str) -> None:
+        if self.modality != modality:
+            raise InputError(f"{call} is for {modality} artifacts; this one takes {self.modality}")
 
     def _check_task(self, task: str, call: str) -> None:
         if self.task != task:
