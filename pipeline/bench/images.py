@@ -23,6 +23,7 @@ import numpy as np
 from pipeline.bench.common import bench_folder, host_line, identity, write_results
 from pipeline.build.timing import ARTIFACT, alternate, median_range
 from pipeline.errors import InputError
+from pipeline.runtime.schema import GRAPH
 
 OPENVINO_DEFAULT = "openvino-default"
 PYTORCH = "pytorch-fp32"
@@ -51,7 +52,7 @@ def _variants(manifest: dict, real: Path, cache_dir: Path | None, threads: int) 
     image_model = getattr(model, "image_model", model)  # a two-tower artifact's image tower
     name = image_model.output_name
     runners = {ARTIFACT: lambda pixels: image_model.run_pixels(pixels, len(pixels))}
-    export = (cache_dir or Path(".cache/stages")) / "export" / manifest["stages"]["export"]["key"] / "model.onnx"
+    export = (cache_dir or Path(".cache/stages")) / "export" / manifest["stages"]["export"]["key"] / GRAPH
     if export.exists():
         compiled = ov.Core().compile_model(str(export), "CPU")  # no settings: the default compile
         runners[OPENVINO_DEFAULT] = lambda pixels: compiled({"pixel_values": pixels})[compiled.output(name)]
