@@ -98,6 +98,7 @@ def test_beam_search_transcribes_as_transformers_beam_search(tiny_random_whisper
         model.transcribe(clips, num_beams=0)
 
 
+@pytest.mark.slow  # a real model (Whisper tiny.en) built for native
 def test_whisper_tiny_en_builds_for_native_and_transcribes_held_out_speech_as_transformers(whisper_tiny_en, tmp_path):
     manifest = _build(whisper_tiny_en, tmp_path, "native")
     validation = manifest.stage("validate").metrics
@@ -150,6 +151,7 @@ def test_transcribe_refuses_bad_audio_in_one_line(tiny_build, tmp_path):
         model.transcribe(np.zeros(1600, np.float32), language="de")
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_ray_serve_transcribes_a_posted_wav_and_refuses_what_is_not_one(tiny_build, tmp_path):
     pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
     from .conftest import served_answers

@@ -146,6 +146,7 @@ def test_triton_export_refuses_an_image_artifact_before_it_writes_anything(image
     assert not (tmp_path / "repo").exists()
 
 
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_ray_serve_embeds_a_posted_picture_and_refuses_bytes_that_are_none(image_builds, tmp_path):
     pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
     from PIL import Image
