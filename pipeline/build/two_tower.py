@@ -20,6 +20,7 @@ from pipeline.build.manifest import Checkpoint
 from pipeline.build.onnx_files import traced_to_onnx
 from pipeline.errors import ExportError
 from pipeline.runtime.schema import TEXT_GRAPH, TOKENIZER
+from pipeline.runtime.text import padded_rows
 
 PROBE_TEXTS = ("a photo of a cat", "a blurry photo of two dogs playing in the snow")
 
@@ -40,12 +41,9 @@ def _text_settings(model, tokenizer) -> dict:
 
 
 def _probe_batch(tokenizer, settings: dict):
-    import numpy as np
-
+    width = settings["text_max_length"] if settings["text_padding"] == "max_length" else None
     rows = [tokenizer(t)["input_ids"] for t in PROBE_TEXTS]
-    width = settings["text_max_length"] if settings["text_padding"] == "max_length" else max(len(r) for r in rows)
-    ids = np.array([r + [settings["text_pad_id"]] * (width - len(r)) for r in rows], dtype=np.int64)
-    mask = np.array([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=np.int64)
+    ids, mask = padded_rows(rows, settings["text_pad_id"], width)
     return {"input_ids": ids, "attention_mask": mask}
 
 

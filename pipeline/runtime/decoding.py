@@ -18,6 +18,8 @@ import dataclasses
 
 import numpy as np
 
+from pipeline.errors import InputError
+
 NEG = np.float32(-1e9)
 MAX_BEAMS = 16  # beams a call may ask for: each is a row of the decoder's batch and of its cache
 
@@ -40,6 +42,20 @@ class Decoding:
     prompt_start: int = 1
     begin_suppress: tuple[int, ...] = ()  # never the first generated token (Whisper's), at length `begin_index`
     begin_index: int = 0
+
+
+def check_beams(num_beams) -> int:
+    """`num_beams` where it is an int from 1 to MAX_BEAMS, else an InputError."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+        raise InputError(f"num_beams={num_beams!r} must be an int from 1 to {MAX_BEAMS}")
+    return num_beams
+
+
+def check_new_tokens(max_new_tokens) -> int:
+    """`max_new_tokens` where it is an int >= 1, else an InputError."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+    return max_new_tokens
 
 
 def mask_scores(scores: np.ndarray, sequences: np.ndarray, settings: Decoding) -> np.ndarray:

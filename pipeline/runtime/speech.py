@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.runtime.audio import MAX_SECONDS, SAMPLE_RATE, log_mel_features, read_wav, windows
-from pipeline.runtime.decoding import MAX_BEAMS, Decoding
+from pipeline.runtime.decoding import Decoding, check_beams, check_new_tokens
 from pipeline.runtime.seq2seq import EncoderDecoder
 
 TASKS = ("transcribe", "translate")
@@ -165,16 +165,13 @@ class SpeechModel(EncoderDecoder):
 
         Greedy decoding, or beam search with `num_beams`, as transformers' generate without timestamps;
         `max_new_tokens` caps each 30 s window's tokens (the model's own limit where left out)."""
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
-            raise InputError(f"num_beams={num_beams!r} must be an int from 1 to {MAX_BEAMS}")
+        check_beams(num_beams)
         single = not isinstance(audio, list)
         inputs = [check_audio(a) for a in ([audio] if single else audio)]
         prompt = self.prompt(language, task)
         limit = int(self.spec["max_length"]) - len(prompt)
         if max_new_tokens is not None:
-            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-                raise InputError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-            limit = min(limit, max_new_tokens)
+            limit = min(limit, check_new_tokens(max_new_tokens))
         cuts = [windows(samples) for samples in inputs]
         flat = [w for cut in cuts for w in cut]
         size = int(batch_size or self.batch_size)

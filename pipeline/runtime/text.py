@@ -104,3 +104,23 @@ def check_batch_size(batch_size, call: str):
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise InputError(f"{call}: batch_size={batch_size!r} must be a positive int (or None for the default)")
     return int(batch_size)
+
+
+def padded_rows(rows: list[list[int]], pad: int, width: int | None = None):
+    """(ids, attention_mask) int64 arrays of token `rows` padded on the right with `pad` to `width` (the longest row
+    where None); the mask is 0 on the padding."""
+    import numpy as np
+
+    width = max(len(r) for r in rows) if width is None else width
+    ids = np.full((len(rows), width), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return ids, mask
+
+
+def check_lengths(rows: list[list[int]], limit: int, call: str) -> None:
+    """An InputError naming the first row of token `rows` over the model's `limit`."""
+    for i, row in enumerate(rows):
+        if len(row) > limit:
+            raise InputError(f"{call} input {i} is {len(row)} tokens, over the model's {limit}; shorten or split it")

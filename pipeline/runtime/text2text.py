@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.runtime.decoding import MAX_BEAMS, Decoding, mask_scores
+from pipeline.runtime.decoding import Decoding, check_beams, check_new_tokens, mask_scores
 from pipeline.runtime.seq2seq import EncoderDecoder
-from pipeline.runtime.text import check_batch_size, check_texts, encode_batch
+from pipeline.runtime.text import check_batch_size, check_lengths, check_texts, encode_batch, padded_rows
 
 
 class Text2TextModel(EncoderDecoder):
@@ -38,16 +37,8 @@ class Text2TextModel(EncoderDecoder):
     def encode(self, texts: list[str], call: str = "generate()") -> dict:
         """The source batch (ids and mask, padded) and the cross-attention cache of each text."""
         rows = [e.ids for e in encode_batch(self.tokenizer, texts, call)]
-        limit = int(self.spec["max_source_length"])
-        for i, row in enumerate(rows):
-            if len(row) > limit:
-                raise InputError(
-                    f"{call} input {i} is {len(row)} tokens, over the model's {limit}; shorten or split it"
-                )
-        width = max(len(r) for r in rows)
-        pad = int(self.spec["source_pad_id"])
-        ids = np.array([r + [pad] * (width - len(r)) for r in rows], dtype=np.int64)
-        mask = np.array([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=np.int64)
+        check_lengths(rows, int(self.spec["max_source_length"]), call)
+        ids, mask = padded_rows(rows, int(self.spec["source_pad_id"]))
         cross = self.encoder.run(self.cross_names, {"input_ids": ids, "attention_mask": mask})
         return {"encoder_attention_mask": mask, **dict(zip(self.cross_names, cross, strict=True))}
 
@@ -56,12 +47,8 @@ class Text2TextModel(EncoderDecoder):
         and the beam count replaced by `num_beams` where given."""
         spec, length = self.spec, self.max_length
         if max_new_tokens is not None:
-            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-                raise InputError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-            length = min(length, len(self.prompt) + max_new_tokens)
-        beams = int(spec.get("num_beams", 1)) if num_beams is None else num_beams
-        if isinstance(beams, bool) or not isinstance(beams, int) or not 1 <= beams <= MAX_BEAMS:
-            raise InputError(f"num_beams={num_beams!r} must be an int from 1 to {MAX_BEAMS}")
+            length = min(length, len(self.prompt) + check_new_tokens(max_new_tokens))
+        beams = int(spec.get("num_beams", 1)) if num_beams is None else check_beams(num_beams)
         return Decoding(
             max_length=max(length, len(self.prompt) + 1),
             eos=tuple(int(i) for i in spec["eos_token_ids"]),

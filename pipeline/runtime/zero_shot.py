@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import InputError
-from pipeline.runtime.text import check_texts, encode_batch, open_tokenizer
+from pipeline.runtime.text import check_lengths, check_texts, encode_batch, open_tokenizer, padded_rows
 
 
 class ZeroShotImageModel:
@@ -41,15 +41,11 @@ class ZeroShotImageModel:
         """The text embeddings [n, dim] of a list of texts (labels, prompts such as "a photo of a cat")."""
         texts = check_texts(texts, "embed_texts()")
         rows = [e.ids for e in encode_batch(self.tokenizer, texts, "embed_texts()")]
-        limit, pad = int(self.spec["text_max_length"]), int(self.spec["text_pad_id"])
-        for i, row in enumerate(rows):
-            if len(row) > limit:
-                raise InputError(f"embed_texts() input {i} is {len(row)} tokens, over the model's {limit}; shorten it")
-        width = limit if self.spec["text_padding"] == "max_length" else max(len(r) for r in rows)
-        feeds = {
-            "input_ids": np.array([r + [pad] * (width - len(r)) for r in rows], dtype=np.int64),
-            "attention_mask": np.array([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=np.int64),
-        }
+        limit = int(self.spec["text_max_length"])
+        check_lengths(rows, limit, "embed_texts()")
+        width = limit if self.spec["text_padding"] == "max_length" else None
+        ids, mask = padded_rows(rows, int(self.spec["text_pad_id"]), width)
+        feeds = {"input_ids": ids, "attention_mask": mask}
         return self.text_session.run(None, {name: feeds[name] for name in self.spec["text_inputs"]})[0]
 
     def scores(self, images, labels, batch_size: int | None = None) -> np.ndarray:

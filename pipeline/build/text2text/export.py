@@ -27,6 +27,7 @@ from pipeline.build.onnx_files import traced_to_onnx
 from pipeline.errors import ExportError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH, TOKENIZER
 from pipeline.runtime.seq2seq import cache_names
+from pipeline.runtime.text import padded_rows
 
 OPSET = 17
 PROBE_TOLERANCE = 1e-3
@@ -109,14 +110,8 @@ def decoder_layers(config) -> int:
 
 
 def _probe_batch(tokenizer):
-    import numpy as np
-
-    rows = [tokenizer(t)["input_ids"] for t in PROBE_TEXTS]
-    width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = np.array([r + [pad] * (width - len(r)) for r in rows], dtype=np.int64)
-    mask = np.array([[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=np.int64)
-    return ids, mask
+    return padded_rows([tokenizer(t)["input_ids"] for t in PROBE_TEXTS], pad)
 
 
 def _export_graphs(model, tokenizer, out: Path, prompt: list[int], layers: int) -> None:
