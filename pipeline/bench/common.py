@@ -68,3 +68,17 @@ def host_line(results: dict) -> str:
         f"Host: {host['cpu']} ({host['kernel_class']}; {' '.join(host['flags'])}), {results['threads']} threads; "
         f"{versions}."
     )
+
+
+def figure(values: list[float]) -> dict:
+    """A figure of several runs: its median and its p10-p90 range."""
+    from pipeline.build.timing import median_range
+
+    median, low, high = median_range(values)
+    return {"median": median, "range": [low, high]}
+
+
+def figure_cell(value: dict, scale: float = 1.0, digits: int = 2) -> str:
+    """A `figure` as a Markdown cell: median [p10, p90], times `scale`."""
+    low, high = (scale * v for v in value["range"])
+    return f"{scale * value['median']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"

@@ -140,7 +140,7 @@ def _variants(manifest: dict, real: Path, cache_dir: Path, threads: int, baselin
                 Model(open_session(path, session), real / TOKENIZER, manifest["model"])
             )
     if export.exists() and _has_openvino():
-        factories[OPENVINO_DEFAULT] = lambda: _openvino_default(export, manifest["model"]["output"])
+        factories[OPENVINO_DEFAULT] = lambda: openvino_default(export, manifest["model"]["output"])
     backend = manifest["backend"] if manifest["backend"] != "tensorrt" else "onnxruntime"
     factories[ARTIFACT] = lambda: _session_runner(
         open_model(real / manifest["graph"], real / TOKENIZER, manifest["model"], session=session, backend=backend)
@@ -179,7 +179,7 @@ def _has_openvino() -> bool:
     return True
 
 
-def _openvino_default(export: Path, output: str):
+def openvino_default(export: Path, output: str):
     """OpenVINO's one-line alternative: the plain ONNX export compiled with no settings (bf16 where the CPU has it)."""
     import openvino as ov
 
@@ -192,7 +192,7 @@ def _openvino_default(export: Path, output: str):
     return run
 
 
-def _accuracy(runners: dict, feeds: dict) -> dict:
+def cosines_against_pytorch(runners: dict, feeds: dict) -> dict:
     """Each variant's cosine (min) against PyTorch fp32 on the same padded validation batch."""
     outputs = {name: np.asarray(run(feeds), dtype=np.float64) for name, run in runners.items()}
     reference = outputs.get(PYTORCH)
@@ -264,7 +264,7 @@ def bench(
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     runners, loads, missing = _variants(manifest, real, cache_dir, threads, baseline)
     shipped = runners[ARTIFACT].model  # the artifact is always a session runner
-    accuracy = _accuracy(runners, shipped.feeds(shipped.encode(texts[:32])))
+    accuracy = cosines_against_pytorch(runners, shipped.feeds(shipped.encode(texts[:32])))
     gate = manifest["target_spec"]["accuracy"].get("cosine_min") or 0.99
     accurate = {name for name, cos in accuracy.items() if cos >= gate} if accuracy else set(runners)
     limit = int(manifest["model"]["max_length"])

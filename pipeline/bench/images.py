@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import bench_folder, host_line, identity, write_results
-from pipeline.build.timing import ARTIFACT, alternate, median_range
+from pipeline.bench.common import bench_folder, figure, figure_cell, host_line, identity, write_results
+from pipeline.bench.encoder import OPENVINO_DEFAULT, PYTORCH, cosines_against_pytorch, openvino_default
+from pipeline.build.timing import ARTIFACT, alternate
 from pipeline.errors import InputError
 from pipeline.runtime.schema import GRAPH
 
-OPENVINO_DEFAULT = "openvino-default"
-PYTORCH = "pytorch-fp32"
 BATCHES, QUICK_BATCHES = (1, 32), (1, 4)
 ROUNDS, QUICK_ROUNDS = 10, 2
 SETTLE_S = 0.3  # the previous engine's spinning threads park before the next is timed
@@ -44,8 +43,6 @@ def _pictures(count: int, spec) -> np.ndarray:
 
 
 def _variants(manifest: dict, real: Path, cache_dir: Path | None, threads: int) -> dict:
-    import openvino as ov
-
     from pipeline.runtime.load import load
 
     model = load(real, intra_op_threads=threads)
@@ -54,8 +51,8 @@ def _variants(manifest: dict, real: Path, cache_dir: Path | None, threads: int) 
     runners = {ARTIFACT: lambda pixels: image_model.run_pixels(pixels, len(pixels))}
     export = (cache_dir or Path(".cache/stages")) / "export" / manifest["stages"]["export"]["key"] / GRAPH
     if export.exists():
-        compiled = ov.Core().compile_model(str(export), "CPU")  # no settings: the default compile
-        runners[OPENVINO_DEFAULT] = lambda pixels: compiled({"pixel_values": pixels})[compiled.output(name)]
+        default = openvino_default(export, name)
+        runners[OPENVINO_DEFAULT] = lambda pixels: default({"pixel_values": pixels})
     return runners
 
 
@@ -75,28 +72,19 @@ def _pytorch(manifest: dict, threads: int):
     return run
 
 
-def _figure(values: list[float]) -> dict:
-    median, low, high = median_range(values)
-    return {"median": median, "range": [low, high]}
-
-
 def image_speed(runners: dict, batches: dict[int, np.ndarray], rounds: int) -> dict:
     """Per batch size: each variant's ms and images/s (median and p10-p90 of `rounds` alternating rounds), its
     cosine against PyTorch's output, and the artifact's paired ratio against each other variant."""
     results = {}
     for size, pixels in batches.items():
         times = alternate(runners, pixels, rounds, warmups=2, settle_s=SETTLE_S)
-        outputs = {name: np.asarray(run(pixels), dtype=np.float64) for name, run in runners.items()}
-        reference = outputs.get(PYTORCH)
+        cosines = cosines_against_pytorch(runners, pixels)
         row = {}
         for name, ms in times.items():
-            cosine = None
-            if reference is not None:
-                a, b = reference.reshape(size, -1), outputs[name].reshape(size, -1)
-                cosine = float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
-            row[name] = {"ms": _figure(ms), "images_per_s": _figure([size * 1000 / t for t in ms]), "cosine": cosine}
+            row[name] = {"ms": figure(ms), "images_per_s": figure([size * 1000 / t for t in ms])}
+            row[name]["cosine"] = cosines.get(name)
             if name != ARTIFACT:
-                row[name]["artifact_speedup"] = _figure([o / a for o, a in zip(ms, times[ARTIFACT], strict=True)])
+                row[name]["artifact_speedup"] = figure([o / a for o, a in zip(ms, times[ARTIFACT], strict=True)])
         results[str(size)] = row
     return results
 
@@ -146,14 +134,9 @@ def markdown(results: dict) -> str:
             "|---|---|---|---|---|",
         ]
         for variant, figures in row.items():
-            cells = [_cell(figures["images_per_s"], 1), _cell(figures["ms"], 1)]
+            cells = [figure_cell(figures["images_per_s"], digits=1), figure_cell(figures["ms"], digits=1)]
             cosine = "-" if figures["cosine"] is None else f"{figures['cosine']:.5f}"
-            speedup = _cell(figures["artifact_speedup"], 2) if "artifact_speedup" in figures else "-"
+            speedup = figure_cell(figures["artifact_speedup"]) if "artifact_speedup" in figures else "-"
             lines.append(f"| {variant} | {cells[0]} | {cells[1]} | {cosine} | {speedup} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _cell(figure: dict, digits: int) -> str:
-    low, high = figure["range"]
-    return f"{figure['median']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"

@@ -29,8 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.common import bench_folder, host_line, host_summary, identity, write_results
-from pipeline.build.timing import ARTIFACT, alternate, median_range
+from pipeline.bench.common import (
+    bench_folder,
+    figure,
+    figure_cell,
+    host_line,
+    host_summary,
+    identity,
+    write_results,
+)
+from pipeline.build.timing import ARTIFACT, alternate
 from pipeline.errors import InputError
 
 FASTER_WHISPER = "faster-whisper-int8"
@@ -167,11 +175,6 @@ def _recording(transcribers: dict[str, Transcriber], max_new_tokens: int | None,
     return {name: runner(name, transcribe) for name, transcribe in transcribers.items()}
 
 
-def _figure(values: list[float]) -> dict:
-    median, low, high = median_range(values)
-    return {"median": median, "range": [low, high]}
-
-
 SETTLE_S = 0.5
 
 
@@ -195,9 +198,9 @@ def speech_speed(transcribers: dict[str, Transcriber], audio: np.ndarray, refere
         rtf = [audio_seconds / s for s in seconds]
         against = texts.get(TRANSFORMERS) if name != TRANSFORMERS else None
         variants[name] = {
-            "seconds": _figure(seconds),
-            "real_time_factor": _figure(rtf),
-            "ttft_ms": _figure(first[name]),
+            "seconds": figure(seconds),
+            "real_time_factor": figure(rtf),
+            "ttft_ms": figure(first[name]),
             "transcript": texts[name],
             "first_token": first_tokens[name],
             "wer_vs_reference": word_error_rate([reference], [texts[name]]),
@@ -208,8 +211,8 @@ def speech_speed(transcribers: dict[str, Transcriber], audio: np.ndarray, refere
     subject, *others = transcribers
     ratios = {
         other: {
-            "speed": _figure([o / s for o, s in zip(full[other], full[subject], strict=True)]),
-            "ttft": _figure([o / s for o, s in zip(first[other], first[subject], strict=True)]),
+            "speed": figure([o / s for o, s in zip(full[other], full[subject], strict=True)]),
+            "ttft": figure([o / s for o, s in zip(first[other], first[subject], strict=True)]),
         }
         for other in others
     }
@@ -279,11 +282,6 @@ def bench_speech(
     return results
 
 
-def _cell(figure: dict, scale: float = 1.0, digits: int = 2) -> str:
-    low, high = (scale * v for v in figure["range"])
-    return f"{scale * figure['median']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-
-
 def _wer(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -310,8 +308,9 @@ def markdown(results: dict) -> str:
     ]
     for variant, v in results["variants"].items():
         lines.append(
-            f"| {variant} | {_cell(v['seconds'], digits=3)} | x{_cell(v['real_time_factor'], digits=1)} | "
-            f"{_cell(v['ttft_ms'], digits=1)} | {_wer(v['wer_vs_reference'])} | {_wer(v['wer_vs_transformers'])} |"
+            f"| {variant} | {figure_cell(v['seconds'], digits=3)} | x{figure_cell(v['real_time_factor'], digits=1)} | "
+            f"{figure_cell(v['ttft_ms'], digits=1)} | {_wer(v['wer_vs_reference'])} | "
+            f"{_wer(v['wer_vs_transformers'])} |"
         )
     if results["ratios"]:
         lines += [
@@ -324,7 +323,7 @@ def markdown(results: dict) -> str:
             "|---|---|---|",
         ]
         for peer, r in results["ratios"].items():
-            lines.append(f"| {peer} | x{_cell(r['speed'])} | x{_cell(r['ttft'])} |")
+            lines.append(f"| {peer} | x{figure_cell(r['speed'])} | x{figure_cell(r['ttft'])} |")
     lines += ["", "## Transcripts", "", f"- text: {results['reference']}"]
     lines += [f"- {variant}: {v['transcript']}" for variant, v in results["variants"].items()]
     return "\n".join(lines) + "\n"

@@ -7,11 +7,11 @@ from pipeline.bench.encoder import (
     ARTIFACT,
     PYTORCH,
     UNBUCKETED,
-    _accuracy,
     _request_stream,
     _stream_markdown,
     _variants,
     bench,
+    cosines_against_pytorch,
 )
 from pipeline.build.shape_buckets import request_stream
 from pipeline.runtime.artifact import verify_artifact
@@ -127,13 +127,13 @@ def test_time_until_stable_marks_a_deliberately_noisy_variant_noisy():
     assert not times["steady"]["noisy"]
 
 
-def test_accuracy_is_each_variants_worst_row_cosine_against_pytorch():
+def testcosines_against_pytorch_is_each_variants_worst_row_cosine_against_pytorch():
     reference = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
     turned = np.array([[1.0, 1.0], [0.0, 5.0], [3.0, 4.0]])  # row 0 at 45 degrees: cosine 1/sqrt(2)
     runners = {PYTORCH: lambda feeds: reference, ARTIFACT: lambda feeds: turned, "scaled": lambda feeds: 2 * reference}
-    cosines = _accuracy(runners, {})
+    cosines = cosines_against_pytorch(runners, {})
     assert cosines[ARTIFACT] == pytest.approx(2**-0.5) and cosines["scaled"] == pytest.approx(1.0)
-    assert _accuracy({ARTIFACT: lambda feeds: turned}, {}) == {}  # no PyTorch: nothing to compare with
+    assert cosines_against_pytorch({ARTIFACT: lambda feeds: turned}, {}) == {}  # no PyTorch: nothing to compare with
 
 
 def test_request_stream_gives_a_row_per_variant_with_positive_totals_and_the_artifacts_ratio(published):
