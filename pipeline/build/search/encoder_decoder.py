@@ -23,9 +23,9 @@ from pipeline.build.accuracy.metrics import compare, development_gate, failures,
 from pipeline.build.accuracy.reference import pytorch_outputs
 from pipeline.build.console import silenced
 from pipeline.build.inputs.targets import Candidate, Target
-from pipeline.build.manifest import Manifest, session_of
+from pipeline.build.manifest import Manifest, runtime_spec, session_of
 from pipeline.build.recipes.base import Built
-from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates
+from pipeline.build.search.candidates import NO_SPINNING, attach_timings, judge_candidates, time_shapes
 from pipeline.errors import TargetError
 from pipeline.runtime.schema import DECODER_GRAPH, ENCODER_GRAPH
 
@@ -87,13 +87,32 @@ def _build_graph(source: Path, dest: Path, target: Target, candidate: Candidate,
 @dataclasses.dataclass(frozen=True)
 class Family:
     """What differs between encoder-decoder families in the search: the candidates' family name in the target, the
-    gate's metric, how a runtime model is opened over a candidate's encoder graph (manifest, target, graph,
-    session), and how the models are timed on the development inputs (models, inputs, batch -> timings)."""
+    gate's metric, the runtime's opener (encoder graph, preprocessor, spec, providers, session -> model), what one
+    development input is called in the timing's shapes, what is timed (model, work, batch size -> outputs), and
+    how the development inputs become that work."""
 
     name: str
     metric: str
-    open_model: Callable
-    time_models: Callable
+    opener: Callable
+    unit: str
+    run: Callable
+    prepare: Callable = list
+
+
+def _open(family: Family, manifest: Manifest, target: Target, graph: Path, session: dict):
+    """A runtime model over the encoder graph `graph` (its decoder beside it) and the exported preprocessor."""
+    return family.opener(graph, manifest.preprocessor()[1], runtime_spec(manifest, target), None, session)
+
+
+def _time(family: Family, models: dict, inputs: list, batch: int) -> tuple[dict, dict]:
+    """Each model's ms on the development inputs one at a time and as one batch, alternating."""
+    work, unit = family.prepare(inputs), family.unit
+    shapes = {f"{unit}_1": (work[:1], 1), f"{unit}s_{len(work)}": (work, batch)}
+    calls = {
+        shape: {name: (lambda m=m, w=w, n=n: family.run(m, w, n)) for name, m in models.items()}
+        for shape, (w, n) in shapes.items()
+    }
+    return time_shapes(calls.items(), len(calls), max_rounds=5, budget_s=30.0)
 
 
 def search_encoder_decoder(manifest: Manifest, target: Target, texts: dict, flags, out: Path, family: Family):
@@ -106,7 +125,7 @@ def search_encoder_decoder(manifest: Manifest, target: Target, texts: dict, flag
 
     def make(candidate: Candidate):
         made = built_graphs(manifest, target, candidate, out / "work" / candidate.name)
-        model = family.open_model(manifest, target, made.graph, session)
+        model = _open(family, manifest, target, made.graph, session)
         stats = compare(family.metric, reference, outputs(model, development, family.metric, batch, teacher=reference))
         gate = development_gate(target.with_candidate(candidate.name).accuracy, len(development))
         return made, model, stats, gate, {}
@@ -114,12 +133,12 @@ def search_encoder_decoder(manifest: Manifest, target: Target, texts: dict, flag
     rows, built = judge_candidates(target.family_candidates(family.name), flags, "search: building candidates", make)
     models = {name: model for name, (_, model) in built.items() if model is not None}
     if models:
-        attach_timings(rows, *family.time_models(models, development, batch))
+        attach_timings(rows, *_time(family, models, development, batch))
     held_out = texts["held_out"]
 
     def check(name: str):
         made = built[name][0]
-        model = family.open_model(manifest, target, made.graph, session)
+        model = _open(family, manifest, target, made.graph, session)
         truth = pytorch_outputs(manifest.checkpoint, held_out)
         key = measurement_key(manifest, target, made.graph, made.backend, made.session, held_out, family.metric)
         stats, _ = measured(key, lambda: measure(model, held_out, truth, family.metric, batch))
