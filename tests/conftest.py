@@ -8,6 +8,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .tiny import make_checkpoint, make_decoder
@@ -224,3 +225,37 @@ def tampered_copy(artifact, tmp_path: Path, name: str) -> Path:
     with open(copy / name, "ab") as f:
         f.write(b"\0")
     return copy
+
+
+TRITON_ENV = REPO / ".venv-triton"
+needs_triton = pytest.mark.skipif(
+    not (TRITON_ENV / ".installed").exists(),
+    reason="no .venv-triton with nvidia-pytriton's tritonserver: make triton-env",
+)
+
+
+def triton_answers(artifact, tmp_path: Path, rows: list[bytes]) -> tuple[str, list]:
+    """Export `artifact` as Triton's Python variant, serve it on a local tritonserver, send each of `rows` (a text's
+    UTF-8, a picture's or a WAV's bytes) as its own request, stop it; the model's input name and each answer: its
+    output as an array, or the InferenceServerException it raised."""
+    import tritonclient.http as triton_http
+    from google.protobuf import text_format
+    from tritonclient.utils import InferenceServerException
+
+    from pipeline.serving.triton import model_config_class, repository_from_artifact
+    from pipeline.serving.triton_server import LocalTriton
+
+    [config] = repository_from_artifact(artifact, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))
+    parsed = text_format.Parse(config.read_text(), model_config_class()())
+    kind, output = parsed.input[0].name, parsed.output[0].name
+    answers = []
+    with LocalTriton(tmp_path / "repo", TRITON_ENV) as server:
+        client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+        for row in rows:
+            given = triton_http.InferInput(kind, [1, 1], "BYTES")
+            given.set_data_from_numpy(np.array([[row]], dtype=np.object_))
+            try:
+                answers.append(client.infer(config.parent.name, [given]).as_numpy(output)[0])
+            except InferenceServerException as err:
+                answers.append(err)
+    return kind, answers

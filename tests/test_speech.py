@@ -20,6 +20,8 @@ from pipeline.errors import InputError, TargetError  # noqa: E402
 from pipeline.runtime import load  # noqa: E402
 from tools.whisper_from_ctranslate2 import whisper_from_ctranslate2  # noqa: E402
 
+from .conftest import needs_triton, triton_answers  # noqa: E402
+
 SENTENCES = ("The children are playing in the garden behind the house.", "Please bring three apples from the market.")
 
 
@@ -162,3 +164,14 @@ def test_ray_serve_transcribes_a_posted_wav_and_refuses_what_is_not_one(tiny_bui
     answers = served_answers(artifact, [wav, b"RIFF but not a wave file"], "audio/wav", max_body_bytes=4 << 20)
     assert answers[0] == (200, {"texts": [load(artifact).transcribe(tmp_path / "clip.wav")]})
     assert answers[1][0] == 400 and "POST the bytes of one PCM WAV file" in answers[1][1]["error"]
+
+
+@pytest.mark.slow  # a live tritonserver
+@needs_triton
+def test_triton_transcribes_a_wav_as_the_runtime_and_refuses_what_is_not_one(tiny_build, tmp_path):
+    artifact = tiny_build.published["path"]
+    wav = write_wav(tmp_path / "clip.wav", synthesize(SENTENCES[0])).read_bytes()
+    kind, answers = triton_answers(artifact, tmp_path, [wav, b"RIFF but not a wave file"])
+    assert kind == "AUDIO"
+    assert answers[0][0].decode() == load(artifact).transcribe(tmp_path / "clip.wav")
+    assert answers[1].status() == "400" and "WAV" in answers[1].message()

@@ -14,7 +14,7 @@ from pipeline.cli import main
 from pipeline.errors import InputError
 from pipeline.runtime import load
 
-from .conftest import tampered_copy
+from .conftest import needs_triton, tampered_copy, triton_answers
 from .tiny_text2text import FAMILIES, make_text2text
 
 TEXTS = [
@@ -202,3 +202,14 @@ def test_ray_serve_answers_each_text_and_a_bad_request_alone(bart_build):
     assert answers[0] == (200, {"outputs": load(folder).generate(TEXTS)})
     assert answers[1][0] == 400 and "over the model's 128" in answers[1][1]["error"]
     assert answers[2][0] == 400
+
+
+@pytest.mark.slow  # a live tritonserver
+@needs_triton
+def test_triton_answers_each_text_as_the_runtime_and_an_overlong_one_alone(bart_build, tmp_path):
+    folder = bart_build[1].published["path"]
+    rows = [TEXTS[0].encode(), ("word " * 300).encode(), TEXTS[1].encode()]
+    kind, answers = triton_answers(folder, tmp_path, rows)
+    assert kind == "TEXT"
+    assert [answers[0][0].decode(), answers[2][0].decode()] == load(folder).generate([TEXTS[0], TEXTS[1]])
+    assert answers[1].status() == "400" and "over the model's" in answers[1].message()

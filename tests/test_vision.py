@@ -15,7 +15,7 @@ from pipeline.build.table import build
 from pipeline.errors import InputError
 from pipeline.runtime import load
 
-from .conftest import REPO
+from .conftest import REPO, needs_triton, triton_answers
 from .tiny import IMAGE_LABELS, make_image_model
 
 pytest.importorskip("skimage", reason="the default images come from scikit-image (the dev and build extras)")
@@ -136,14 +136,32 @@ def test_default_image_data_holds_out_whole_pictures(image_builds):
     }
 
 
-def test_triton_export_refuses_an_image_artifact_before_it_writes_anything(image_builds, tmp_path):
+@pytest.mark.slow  # a live tritonserver
+@needs_triton
+def test_triton_serves_a_picture_as_the_runtime_embeds_it_and_refuses_bytes_that_are_none(image_builds, tmp_path):
+    from PIL import Image
+
+    artifact = image_builds["vit"][1].published["path"]
+    picture = io.BytesIO()
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, size=(50, 30, 3), dtype=np.uint8)).save(picture, "JPEG")
+    kind, answers = triton_answers(artifact, tmp_path, [picture.getvalue(), b"not a picture at all"])
+    assert kind == "IMAGE"
+    np.testing.assert_allclose(answers[0], load(artifact).run([picture.getvalue()])[0], atol=1e-4)
+    assert answers[1].status() == "400" and "not a picture at all" not in answers[1].message()
+
+
+def test_triton_export_of_an_image_classifier_writes_the_python_model_only(image_builds, tmp_path):
     from pipeline.errors import ServingError
     from pipeline.serving.triton import repository_from_artifact
 
-    artifact = image_builds["vit"][1].published["path"]
-    with pytest.raises(ServingError, match="Triton export takes text artifacts so far"):
-        repository_from_artifact(artifact, tmp_path / "repo")
-    assert not (tmp_path / "repo").exists()
+    artifact = image_builds["dinov2"][1].published["path"]
+    with pytest.raises(ServingError, match="exports only as the python variant .* pass --variant python"):
+        repository_from_artifact(artifact, tmp_path / "graph", variants=("graph",))
+    assert not (tmp_path / "graph").exists()
+    said = []
+    [config] = repository_from_artifact(artifact, tmp_path / "repo", notify=said.append)
+    assert config.parent.name.endswith("_python") and "LOGITS" in config.read_text() and "IMAGE" in config.read_text()
+    assert said and "decodes and preprocesses" in said[0]
 
 
 @pytest.mark.slow  # a live Ray Serve deployment

@@ -59,6 +59,7 @@ from pipeline.serving.requests import (
     read_body,
     read_image,
     read_texts,
+    run_model,
 )
 
 APP = "pipeline"
@@ -173,13 +174,8 @@ def _deployment():
                 raise RuntimeError("the artifact is not loaded")
 
         def run(self, texts: list) -> list:
-            if self.key == "texts":  # a speech artifact's: each item a clip's samples
-                return self.model.transcribe(texts)
-            if self.key == "completions":
-                return [c.text for c in self.model.generate(texts)]
-            if self.key == "outputs":  # a text-to-text artifact's, greedy
-                return self.model.generate(texts)
-            return self.model.run(texts).tolist()
+            results = run_model(self.model, texts)  # a speech artifact's texts are each a clip's samples
+            return results if isinstance(results, list) else results.tolist()
 
         def run_alone(self, texts: list[str]):
             """One request's results, or what its run raised (its InputError, or any other failure)."""

@@ -20,6 +20,7 @@ USAGE = 'POST JSON {"texts": ["a text", ...]}'
 AUDIO_USAGE = "POST the bytes of one PCM WAV file (Content-Type: audio/wav)"
 IMAGE_USAGE = "POST the bytes of one image file (PNG, JPEG, ...; Content-Type: image/png or the like)"
 MAX_AUDIO_SECONDS = 600.0  # a request's audio: twenty windows of 30 s
+MAX_FILE_BYTES = 32 << 20  # one picture or clip in a Triton request row (600 s of 16-bit 16 kHz is 19.2 MB)
 
 
 def answer_key(task: str) -> str:
@@ -31,6 +32,20 @@ def answer_key(task: str) -> str:
         "zero-shot-image-classification": "embeddings",  # a picture's image embedding
     }
     return keys.get(task, "logits")
+
+
+def run_model(model, items: list):
+    """A batch of one kind of item through the artifact's own entry: transcripts of a speech artifact's clips,
+    completions of a decoder's or a text-to-text model's texts (as strings), else its run() array (embeddings,
+    logits; a two-tower model's image embeddings)."""
+    task = model.task
+    if task == "automatic-speech-recognition":
+        return model.transcribe(items)
+    if task == "text-generation":
+        return [c.text for c in model.generate(items)]
+    if task == "text2text-generation":  # greedy, with the checkpoint's generation config
+        return model.generate(items)
+    return model.run(items)
 
 
 def read_image(body: bytes) -> list:

@@ -8,8 +8,9 @@
     OUT/<name>_python/     Python backend that runs the whole artifact (copied to 1/<model>/<version>/<target>,
                            verified at load) through pipeline.runtime.load
 
-Encoders (feature-extraction, sequence-classification) get all four; decoders get the Python-backend model only
-(a generation loop is not an ensemble). Every config.pbtxt is built from a dict checked against Triton's schema
+Text encoders (feature-extraction, sequence-classification) get all four; decoders, text-to-text, speech and image
+artifacts get the Python-backend model only (a generation loop is not an ensemble; the runtime decodes a request's
+WAV or image bytes). Every config.pbtxt is built from a dict checked against Triton's schema
 (`tritonclient`'s model_config_pb2, which fails on any unknown field) and parsed back from the written file.
 The Python-backend models need `pipeline` (the thin runtime) in the Python environment Triton runs them with:
 `--python-env` names one (Triton's EXECUTION_ENV_PATH), else Triton's own.
@@ -30,6 +31,17 @@ from pipeline.serving.triton_settings import backend_settings, graph_refusal
 
 MODELS_DIR = Path(__file__).resolve().parent / "triton_models"
 ENCODER_OUTPUTS = {"feature-extraction": "EMBEDDING", "sequence-classification": "LOGITS"}
+# Each task's Python-model input and output: texts as UTF-8 strings; a picture or a clip as its file's bytes (a
+# WAV for speech), decoded and preprocessed by the runtime. A zero-shot model answers its pictures' embeddings.
+TASK_IO = {
+    **{task: ("TEXT", output) for task, output in ENCODER_OUTPUTS.items()},
+    "text-generation": ("TEXT", "TEXT_OUT"),
+    "text2text-generation": ("TEXT", "TEXT_OUT"),
+    "automatic-speech-recognition": ("AUDIO", "TEXT_OUT"),
+    "image-feature-extraction": ("IMAGE", "EMBEDDING"),
+    "image-classification": ("IMAGE", "LOGITS"),
+    "zero-shot-image-classification": ("IMAGE", "EMBEDDING"),
+}
 VARIANTS = ("graph", "ensemble", "python")
 GRAPH_PLATFORMS = {
     "onnxruntime": {"platform": "onnxruntime_onnx"},
@@ -102,15 +114,21 @@ def _write(folder: Path, config: dict) -> Path:
     return path
 
 
-def _output_dims(artifact: Path) -> list[int]:
-    """The per-row shape of the artifact's output, from one probe run through the runtime."""
+def _output_dims(artifact: Path, task: str) -> list[int]:
+    """The per-row shape of the artifact's output, from one probe run through the runtime ([1] for a text)."""
     import warnings
+
+    import numpy as np
 
     from pipeline.runtime import EngineFallbackWarning, load
 
+    kind, output = TASK_IO[task]
+    if output == "TEXT_OUT":
+        return [1]
+    probe = np.zeros((16, 16, 3), dtype=np.uint8) if kind == "IMAGE" else "probe"
     with warnings.catch_warnings():  # a probe: a TensorRT artifact's shapes are its graph's on the CPU fallback
         warnings.simplefilter("ignore", EngineFallbackWarning)
-        return list(load(artifact).run(["probe"]).shape[1:])
+        return list(load(artifact).run([probe]).shape[1:])
 
 
 def _graph_files(artifact: Path, manifest: dict, folder: Path) -> dict:
@@ -170,8 +188,8 @@ def _python_model(name: str, manifest: dict, out: Path, source: str, python_env:
     return _write(folder, config)
 
 
-def _text_input() -> list[dict]:
-    return [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}]
+def _text_input(name: str = "TEXT") -> list[dict]:
+    return [{"name": name, "data_type": "TYPE_STRING", "dims": [1]}]
 
 
 def _tokenizer_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None) -> Path:
@@ -214,14 +232,10 @@ def _ensemble(manifest: dict, name: str, graph: str, tokenizer: str, out: Path, 
 
 
 def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None, dims) -> Path:
-    task = manifest["model"]["task"]
-    if task == "text-generation":
-        output = {"name": "TEXT_OUT", "data_type": "TYPE_STRING", "dims": [1]}
-    else:
-        output = {"name": ENCODER_OUTPUTS[task], "data_type": "TYPE_FP32", "dims": dims}
-    path = _python_model(
-        name, manifest, out, "runtime_model.py", python_env, {"input": _text_input(), "output": [output]}
-    )
+    kind, public = TASK_IO[manifest["model"]["task"]]
+    output = {"name": public, "data_type": "TYPE_STRING" if public == "TEXT_OUT" else "TYPE_FP32", "dims": dims}
+    io = {"input": _text_input(kind), "output": [output]}
+    path = _python_model(name, manifest, out, "runtime_model.py", python_env, io)
     # The artifact keeps its <model>/<version>/<target> folders: load() checks that its manifest sits in them.
     target = out / name / "1" / manifest["model_name"] / manifest["version"] / manifest["target"]
     target.mkdir(parents=True)
@@ -230,26 +244,26 @@ def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_
     return path
 
 
+def _python_only(task: str) -> str:
+    if TASK_IO[task][1] == "TEXT_OUT":
+        return "its generation loop is not a Triton ensemble"
+    return "the runtime decodes and preprocesses each file its request carries"
+
+
 def check_kind(manifest: dict, variants: tuple[str, ...]) -> None:
     """Refuse, in one line, an artifact kind or variant this export does not take."""
     task = manifest["model"]["task"]
-    if manifest["model"].get("modality", "text") != "text":
+    if task not in TASK_IO:
         raise ServingError(
-            f"Triton export takes text artifacts so far; this one is {task}, whose requests would carry pictures or "
-            "audio; run it in process with pipeline.runtime.load"
-        )
-    if task not in (*ENCODER_OUTPUTS, "text-generation"):
-        raise ServingError(
-            f"Triton export takes feature-extraction, sequence-classification and text-generation artifacts; this "
-            f"one is {task} (its per-token output is ragged); serve it with `pipeline serve` instead"
+            f"Triton export takes {', '.join(TASK_IO)} artifacts; this one is {task} (its per-token output is "
+            "ragged); serve it with `pipeline serve` instead"
         )
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise InputError(f"unknown Triton variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
-    if task == "text-generation" and set(variants) - {"python"}:
+    if task not in ENCODER_OUTPUTS and set(variants) - {"python"}:
         raise ServingError(
-            "a text-generation artifact exports only as the python variant (its generation loop is not a Triton "
-            "ensemble); pass --variant python"
+            f"a {task} artifact exports only as the python variant ({_python_only(task)}); pass --variant python"
         )
 
 
@@ -291,8 +305,9 @@ def _remove_written(out: Path, created: bool) -> None:
 
 def default_variants(artifact: Path, manifest: dict) -> tuple[tuple[str, ...], str | None]:
     """The variants an export writes when none are asked for, and why it leaves the graph out (None: it does not)."""
-    if manifest["model"]["task"] == "text-generation":
-        return ("python",), "a decoder exports as its Python model only (a generation loop is not an ensemble)"
+    task = manifest["model"]["task"]
+    if task in TASK_IO and task not in ENCODER_OUTPUTS:
+        return ("python",), f"a {task} artifact exports as its Python model only ({_python_only(task)})"
     why = graph_refusal(artifact, manifest)
     if why:
         return ("python",), f"the graph and ensemble are left out: {why}; the Python model runs it through the loader"
@@ -327,7 +342,7 @@ def repository_from_artifact(
             tensorrt_plans(artifact, manifest)
     if why and notify:
         notify(why)
-    dims = [] if task == "text-generation" else _output_dims(artifact)
+    dims = _output_dims(artifact, task)
     created, written = not out.exists(), []
     try:
         if "graph" in variants or "ensemble" in variants:

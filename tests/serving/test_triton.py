@@ -13,17 +13,13 @@ from pipeline.runtime import load, verify_artifact
 from pipeline.serving.triton import check_config, check_kind, config_text, repository_from_artifact
 from pipeline.serving.triton_server import LocalTriton
 
-from ..conftest import REPO, SMALL_TEXTS
+from ..conftest import SMALL_TEXTS, TRITON_ENV, needs_triton
 
 pytest.importorskip("tritonclient.grpc", reason="the Triton schema check needs tritonclient (the dev extra)")
 import tritonclient.http as triton_http  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-TRITON_ENV = REPO / ".venv-triton"
-needs_server = pytest.mark.skipif(
-    not (TRITON_ENV / ".installed").exists(),
-    reason="no .venv-triton with nvidia-pytriton's tritonserver: make triton-env",
-)
+needs_server = needs_triton
 
 
 def test_export_writes_a_repository_whose_configs_fit_triton_schema(published, tmp_path):
