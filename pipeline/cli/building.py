@@ -8,6 +8,7 @@ import click
 
 from pipeline.errors import InputError, PipelineError, TargetError
 from pipeline.ops.summary import candidate_table
+from pipeline.runtime.artifact import TASKS
 
 
 @click.command()
@@ -24,8 +25,7 @@ from pipeline.ops.summary import candidate_table
 @click.option(
     "--task",
     default=None,
-    help="feature-extraction, sequence-classification, token-classification, fill-mask, question-answering or "
-    "text-generation (default: what config.json's architectures names)",
+    help=f"{', '.join(TASKS)} (default: what config.json's architectures names)",
 )
 @click.option("--artifacts-dir", default=None, help="where artifacts are published (default: ./artifacts)")
 @click.option("--cache-dir", default=None, help="stage cache (default: ./.cache/stages)")

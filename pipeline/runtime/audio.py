@@ -97,7 +97,8 @@ def read_wav(
                 )
             frames = wav.readframes(wav.getnframes())
     except (wave.Error, EOFError) as err:
-        raise InputError(f"{name} is not a PCM WAV file the wave module can read ({err}); {_CONVERT_HINT}") from None
+        why = f" ({err})" if str(err) else " (it ends before its header does)" if isinstance(err, EOFError) else ""
+        raise InputError(f"{name} is not a PCM WAV file the wave module can read{why}; {_CONVERT_HINT}") from None
     samples = _pcm_to_float(frames, width, channels, name)
     return resample(samples, rate, SAMPLE_RATE)
 
@@ -105,8 +106,8 @@ def read_wav(
 def _read_bounded(source, max_bytes: int) -> tuple[str, bytes]:
     """A name for messages and the file's bytes, refusing more than `max_bytes` without reading them all."""
     if isinstance(source, bytes | bytearray | memoryview):
-        _check_size("the WAV bytes", len(source), max_bytes)
-        return "the WAV bytes", bytes(source)
+        _check_size("the audio sent", len(source), max_bytes)
+        return "the audio sent", bytes(source)
     name = str(Path(source))
     try:
         with open(source, "rb") as file:
