@@ -11,7 +11,8 @@ With the "shared" cache layout (GroupQueryAttention graphs, right padding) each 
 `kv_cache.SlotCache`: its prompt is written into its slot's slice of the per-layer buffers, and decode steps run the
 block of slots up to the highest busy one, each row at its own length, so a request computes as it would alone and
 its tokens do not depend on what it is batched with. Sampling draws from each request's own generator, seeded as
-`Generator.generate` seeds a lone prompt ([seed, 0]): a request gives the tokens `generate([prompt])` gives.
+`Generator.generate` seeds a lone prompt ([seed, 0], or [seed, index] as `submit` is told): a request gives the
+tokens `generate([prompt])` gives.
 
 The "concat" layout (graphs without GroupQueryAttention) grows each step's cache by a Concat over the whole batch,
 so rows cannot join or leave a running batch: there the engine runs requests one at a time, in order of arrival,
@@ -63,10 +64,9 @@ class Request:
     rest and returns its `Completion`. A caller that stops reading (a client that went away) calls `cancel()` to free
     its slot."""
 
-    def __init__(self, batcher: ContinuousBatcher, prompt_ids: list[int], sampling, seed):
+    def __init__(self, batcher: ContinuousBatcher, prompt_ids: list[int], sampling, seed, index: int):
         self.prompt_ids = tuple(prompt_ids)
-        self.sampling = sampling
-        self.seed = seed
+        self.sampling, self.seed, self.index = sampling, seed, index
         self._batcher = batcher
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self.cancel_requested = False
@@ -180,10 +180,11 @@ class ContinuousBatcher:
         """The engine's counters now."""
         return Stats(**self._counts)
 
-    def submit(self, prompt=None, *, messages=None, seed: int | None = None, **settings) -> Request:
+    def submit(self, prompt=None, *, messages=None, seed: int | None = None, index: int = 0, **settings) -> Request:
         """Queue one request: a prompt (a str, or a list of token ids) or a conversation (`messages`, a list of
         {"role", "content"} dicts rendered with the chat template), with the settings of `Generator.generate`.
-        Its InputError (bad settings, a prompt too long for a slot) is raised here, to this caller alone."""
+        Its InputError (bad settings, a prompt too long for a slot) is raised here, to this caller alone.
+        `index` names the request in its events, and seeds it as generate() seeds its prompt of that index."""
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise InputError(
@@ -198,7 +199,9 @@ class ContinuousBatcher:
                 f"submit(): max_new_tokens={sampling.max_new_tokens} does not fit a slot of {self.capacity} tokens; "
                 "ask for fewer, or make the batcher with a larger capacity"
             )
-        request = Request(self, self._prompt_ids(prompt, messages, sampling.max_new_tokens), sampling, seed)
+        if not is_int(index) or index < 0:
+            raise InputError(f"submit(): index={index!r} must be an int >= 0")
+        request = Request(self, self._prompt_ids(prompt, messages, sampling.max_new_tokens), sampling, seed, index)
         with self._wake:
             if self._closed:
                 raise InputError("this ContinuousBatcher is closed; make a new one")
@@ -305,14 +308,14 @@ class ContinuousBatcher:
     def _join(self, request: Request) -> None:
         if any(r.next_token is not None for r in self._running):
             self._counts["joined_running"] += 1
-        # One generator a request, seeded as generate() seeds a lone prompt (its index, 0, after the seed).
-        rng = np.random.default_rng(None if request.seed is None else [request.seed, 0])
+        # One generator a request, seeded as generate() seeds its prompt of that index (0 for a lone prompt).
+        rng = np.random.default_rng(None if request.seed is None else [request.seed, request.index])
         sampling = request.sampling
         detokenizer = Detokenizer(self.model.tokenizer, list(request.prompt_ids), sampling.stop)
         running = _Running(request, heapq.heappop(self._free), rng, detokenizer, list(request.prompt_ids))
         if not self.continuous:
             rows = [list(request.prompt_ids)]
-            running.events = self.model._stream_batch(rows, [0], sampling, [rng], True)
+            running.events = self.model._stream_batch(rows, [request.index], sampling, [rng], True)
         self._running.append(running)
 
     def _serial_step(self, running: _Running) -> None:
@@ -384,7 +387,7 @@ class ContinuousBatcher:
         if reason in ("eos", "length"):
             rest, stopped = running.detokenizer.flush()  # a held-back tail can complete a stop string
             text, reason = text + rest, "stop" if stopped else reason
-        running.request._events.put(Token(0, token, text, reason))
+        running.request._events.put(Token(running.request.index, token, text, reason))
         running.next_token = token
         if reason:
             self._counts["finished"] += 1

@@ -100,6 +100,19 @@ def test_sixteen_staggered_requests_each_get_the_tokens_they_get_alone(llama, sl
     assert stats.prefill_chunks > 16  # the long prompts took several chunks
 
 
+def test_index_names_a_request_and_seeds_it_as_generate_seeds_its_prompt_of_that_index(llama):
+    prompts = PROMPTS[:3]
+    settings = {"max_new_tokens": 10, "temperature": 1.0, "seed": 7, "eos": False}
+    batched = llama.generate(prompts, batch_size=3, **settings)
+    with ContinuousBatcher(llama) as batcher:
+        requests = [batcher.submit(p, index=i, **settings) for i, p in enumerate(prompts)]
+        assert [{t.index for t in r} for r in requests] == [{0}, {1}, {2}]
+        assert [r.result() for r in requests] == batched
+        with pytest.raises(InputError, match=r"index=-1 must be an int >= 0"):
+            batcher.submit("Hi", index=-1)
+    assert len({c.token_ids for c in batched}) == 3
+
+
 def test_a_prompt_longer_than_the_chunk_is_prefilled_in_chunks(llama):
     prompt = PROMPTS[-1]
     length = len(llama.encode([prompt])[0].ids)
