@@ -169,7 +169,8 @@ class ContinuousBatcher:
         self._free = list(range(slots))  # a heap: the lowest free slot first keeps busy slots in a short block
         self._pending: collections.deque = collections.deque()
         self._running: list[_Running] = []
-        self._counts = collections.Counter()
+        # Every key from the start: stats() copies it from another thread, and a new key would change its size.
+        self._counts = collections.Counter({field.name: 0 for field in dataclasses.fields(Stats)})
         self._wake = threading.Condition()
         self._closed = False
         self._engine = threading.Thread(target=self._loop, name="pipeline-continuous", daemon=True)
@@ -188,7 +189,7 @@ class ContinuousBatcher:
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise InputError(
-                f"submit() got an unknown setting {unknown[0]!r}; it takes seed and {', '.join(SETTINGS)}. "
+                f"submit() got an unknown setting {unknown[0]!r}; it takes seed, index and {', '.join(SETTINGS)}. "
                 "Fix the spelling or remove it"
             )
         if seed is not None and not (is_int(seed) and 0 <= seed < 2**64):
@@ -245,6 +246,10 @@ class ContinuousBatcher:
         """Cancel a request (see `Request.cancel`); a request that has ended is left as it is."""
         with self._wake:
             request.cancel_requested = True
+            if request in self._pending:  # it ends now; one in a slot leaves at the engine's next iteration
+                self._pending.remove(request)
+                self._counts["cancelled"] += 1
+                request._events.put(_END)
             self._wake.notify()
 
     def close(self) -> None:
@@ -281,12 +286,7 @@ class ContinuousBatcher:
         """Pending requests that get a free slot now (under the lock)."""
         admitted = []
         while self._pending and len(self._running) + len(admitted) < self.max_slots:
-            request = self._pending.popleft()
-            if request.cancel_requested:
-                self._counts["cancelled"] += 1
-                request._events.put(_END)
-            else:
-                admitted.append(request)
+            admitted.append(self._pending.popleft())
         return admitted
 
     def _iteration(self, admitted: list[Request]) -> None:
