@@ -290,14 +290,15 @@ class ContinuousBatcher:
         return admitted
 
     def _iteration(self, admitted: list[Request]) -> None:
-        for running in [r for r in self._running if r.request.cancel_requested]:
-            self._counts["cancelled"] += 1
-            self._leave(running, _END)
+        # Joins first: once in `_running`, a request is answered whatever the rest of the iteration raises.
         for request in admitted:
             _, err = _attempt(self._join, request)
             if err:
                 self._counts["failed"] += 1
                 request._events.put(err)
+        for running in [r for r in self._running if r.request.cancel_requested]:
+            self._counts["cancelled"] += 1
+            self._leave(running, _END)
         if not self.continuous:
             for running in list(self._running):
                 self._serial_step(running)
