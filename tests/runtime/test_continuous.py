@@ -84,7 +84,8 @@ def test_sixteen_staggered_requests_each_get_the_tokens_they_get_alone(llama, sl
 
     def settings_of(i: int) -> dict:
         sampling = {"temperature": 0.9, "top_p": 0.95, "seed": 100 + i} if sampled else {}
-        return {"max_new_tokens": 6 + 3 * (i % 5), "eos": False, **sampling}  # they leave at different steps
+        # They leave at different steps, each long after the next one joins (it joins at this one's first token).
+        return {"max_new_tokens": 30 + 5 * (i % 5), "eos": False, **sampling}
 
     with ContinuousBatcher(llama, max_slots=slots, prefill_chunk=16) as batcher:
         got = _staggered(batcher, prompts, settings_of)
@@ -129,18 +130,20 @@ def test_each_request_writes_its_cache_in_place_into_its_own_slot_of_the_one_buf
     prompts = [PROMPTS[5], PROMPTS[1]]
     with ContinuousBatcher(llama, max_slots=3, prefill_chunk=8) as batcher:
         addresses = batcher.cache.addresses()
-        first = batcher.submit(prompts[0], max_new_tokens=20, eos=False)
-        next(first)
+        first = batcher.submit(prompts[0], max_new_tokens=200, eos=False)
+        head = next(first)
         second = batcher.submit(prompts[1], max_new_tokens=6, eos=False)  # joins while the first decodes
-        done = [first.result(), second.result()]
+        made = [None, second.result().token_ids]
+        first.cancel()  # after the second ended: the slots' contents are all the requests' own
+        made[0] = (head.token_id, *(t.token_id for t in first))
         assert batcher.cache.addresses() == addresses and batcher.stats.joined_running == 1
         buffers = [layer[-1].numpy() for layer in batcher.cache.layers]
-    for slot, (prompt, completion) in enumerate(zip(prompts, done, strict=True)):
-        ids = list(llama.encode([prompt])[0].ids)
-        written = len(ids) + len(completion.token_ids) - 1  # the last token is never fed back
-        alone = Decoding(llama, [ids], written + 1)
+    assert 6 < len(made[0]) < 200
+    for slot, (request, tokens) in enumerate(zip([first, second], made, strict=True)):
+        written = len(request.prompt_ids) + len(tokens) - 1  # the last token is never fed back
+        alone = Decoding(llama, [list(request.prompt_ids)], written + 1)
         alone.step()
-        for token in completion.token_ids[:-1]:
+        for token in tokens[:-1]:
             alone.step(np.array([token]))
         for buffer, value in zip(buffers, alone.past.values(), strict=True):
             np.testing.assert_allclose(buffer[slot, :, :written], value.numpy()[0, :, :written], rtol=1e-5, atol=1e-6)
