@@ -32,7 +32,7 @@ SLOTS = 16
 
 def continuous_batcher(model):
     """A ContinuousBatcher over a decoder whose cache layout lets requests join a running batch, else None (each
-    request then runs alone, as before)."""
+    request then runs alone)."""
     from pipeline.runtime.continuous import ContinuousBatcher
 
     if model.task != "text-generation" or model.spec.get("cache") != "shared" or not model.right_padded:
