@@ -12,6 +12,7 @@ on any other import). Usage:
     load.py        load(): verify, pick the backend, open            encoder.py  Model (embeddings, classifiers)
     answers.py     question answering's context windows and best span
     generation.py  Generator (decoders with a KV cache)              batcher.py  Batcher (dynamic batching)
+    continuous.py  ContinuousBatcher (requests join and leave a running decoder batch)
     text.py        tokenizer and input checks                        engine_cache.py  TensorRT engine cache policy
     kv_cache.py    the decoder's KV cache buffers and padding          sampling.py greedy and sampled token choice
     chat.py        chat templates rendered in a jinja2 sandbox   template_budget.py  their time and size budget

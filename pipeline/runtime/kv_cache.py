@@ -11,6 +11,9 @@ Two cache layouts, per the artifact's spec:
 - "concat" (other graphs): present = Concat(past, new) is a new buffer each step, and becomes the next step's
   past without leaving ONNX Runtime's memory.
 
+`SlotCache` is the "shared" layout for continuous batching (pipeline.runtime.continuous): one buffer
+[slots, kv heads, capacity, head size] a layer, each request in its own slot, runs bound to a block of slots.
+
 Per step, only the new token ids and the grown mask are bound again; position ids are advanced, not recomputed.
 The mask is a view of one preallocated array for a batch of one; a larger batch copies its [b, length] mask each
 step (a prefix of each row's columns is not one contiguous block, and ONNX Runtime binds only contiguous arrays).
@@ -155,3 +158,68 @@ class Decoding:
             for name, value in self.past.items():
                 self.binding.bind_ortvalue_input(name, value)
         return last_logits(outputs[0].numpy(), self.lengths, self.right)
+
+
+class SlotCache:
+    """The KV cache of a continuous batch ("shared" layout only): per layer one preallocated buffer
+    [slots, kv heads, capacity, head size], each slot a request's own cache for as long as the request runs.
+
+    Slot is the first axis, so slots `first .. first + n - 1` are one contiguous block: a run binds past and present
+    to that block by address (an IO binding over a view of the buffer, no copy), and the graph reads and writes each
+    row at its own length. A request's prompt goes in as runs of one row (a chunk at a time); decode steps run the
+    block of slots up to the highest busy one.
+
+    cache = SlotCache(generator, slots=16, capacity=512)
+    logits = cache.run(first=3, ids=np.array([[5, 6, 7]]), lengths=np.array([3]))   # slot 3's first 3 tokens
+    logits = cache.run(first=0, ids=chosen[:, None], lengths=lengths)                # one token each, slots 0..n-1
+    """
+
+    def __init__(self, generator, slots: int, capacity: int):
+        import onnxruntime as ort
+
+        self.session = generator.session
+        self.device = generator.device
+        self.slots, self.capacity = slots, capacity
+        self.logits_name = generator.output_names[0]
+        self.has_positions = "position_ids" in generator.input_names
+        types = {i.name: i.type for i in self.session.get_inputs()}
+        self.layers = []  # (past name, present name, dtype, [h, capacity, d], buffer)
+        presents = generator.output_names[1:]
+        for (name, (heads, size)), present in zip(generator.past_shapes.items(), presents, strict=True):
+            dtype = np.float16 if types[name] == "tensor(float16)" else np.float32
+            shape = [heads, capacity, size]
+            buffer = ort.OrtValue.ortvalue_from_shape_and_type([slots, *shape], dtype, self.device, 0)
+            self.layers.append((name, present, dtype, shape, buffer))
+
+    def slot_bytes(self, layer: int) -> int:
+        """Bytes of one slot's cache in a layer's buffer (the distance between consecutive slots)."""
+        _, _, dtype, shape, _ = self.layers[layer]
+        return int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+    def addresses(self) -> list[int]:
+        """Addresses of the per-layer buffers (what a test checks for copies)."""
+        return [layer[-1].data_ptr() for layer in self.layers]
+
+    def run(self, first: int, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Run slots `first .. first + len(ids) - 1`: `ids` [n, s] int64 are each row's next `s` tokens, `lengths` [n]
+        each row's tokens in its slot once they are in (its past plus `s`). Returns each row's last-position logits
+        [n, V]; rows of a run of several are one token each (s = 1)."""
+        rows, new = ids.shape
+        if first < 0 or first + rows > self.slots or int(lengths.max()) > self.capacity:
+            raise ValueError(f"slots {first}..{first + rows - 1} at lengths up to {int(lengths.max())} do not fit")
+        binding = self.session.io_binding()
+        # Right-padded graphs read the mask through each row's sum (its length) and its width: ones, then zeros.
+        mask = (np.arange(int(lengths.max()))[None, :] < lengths[:, None]).astype(np.int64)
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", mask)
+        if self.has_positions:
+            positions = (lengths[:, None] - new + np.arange(new)[None, :]).astype(np.int64)
+            binding.bind_cpu_input("position_ids", positions)
+        binding.bind_output(self.logits_name, "cpu")
+        for layer, (past, present, dtype, shape, buffer) in enumerate(self.layers):
+            address = buffer.data_ptr() + first * self.slot_bytes(layer)
+            binding.bind_input(past, self.device, 0, dtype, [rows, *shape], address)
+            binding.bind_output(present, self.device, 0, dtype, [rows, *shape], address)
+        self.session.run_with_iobinding(binding)
+        # A prompt chunk is one unpadded row and a decode step one token a row: the last position is each row's own.
+        return binding.get_outputs()[0].numpy()[:, -1]

@@ -1,8 +1,10 @@
 """OpenAI API requests run on a loaded artifact (pipeline.runtime): what the Ray Serve replica calls once
 pipeline.serving.openai_api has parsed a request. No Ray import here; these run in a worker thread of the replica.
 
-Each chat or completion request runs alone, on the runtime's own batching of its prompts: there is no continuous
-batching across requests yet. A streamed request yields each chunk as the runtime's stream() yields its token.
+Where the decoder's cache layout allows it ("shared": GroupQueryAttention graphs), a replica's chat and completion
+requests go through one ContinuousBatcher (pipeline.runtime.continuous): each joins the running batch and gets the
+tokens it would get alone. Elsewhere ("concat") each request runs alone, on the runtime's own batching of its
+prompts. A streamed request yields each chunk as its token comes; a client that goes away frees its slot.
 """
 
 from __future__ import annotations
@@ -23,6 +25,44 @@ from pipeline.serving.openai_api import (
     sse,
     stream_chunks,
 )
+
+# Requests a replica decodes together (at most the artifact's batch size): each slot holds a max_length cache.
+SLOTS = 16
+
+
+def continuous_batcher(model):
+    """A ContinuousBatcher over a decoder whose cache layout lets requests join a running batch, else None (each
+    request then runs alone)."""
+    from pipeline.runtime.continuous import ContinuousBatcher
+
+    if model.task != "text-generation" or model.spec.get("cache") != "shared" or not model.right_padded:
+        return None
+    return ContinuousBatcher(model, max_slots=min(SLOTS, model.batch_size))
+
+
+def _submitted(batcher, request: GenerationRequest, settings: dict) -> list:
+    """The request's prompts submitted to the batcher, each seeded by its index as generate() seeds it."""
+    submitted = []
+    try:
+        if request.route == CHAT:
+            return [batcher.submit(messages=list(request.conversation), seed=request.seed, **settings)]
+        for i, prompt in enumerate(request.prompts):
+            submitted.append(batcher.submit(prompt, index=i, seed=request.seed, **settings))
+        return submitted
+    except BaseException:
+        for done in submitted:  # a later prompt was refused: the request is refused as a whole
+            done.cancel()
+        raise
+
+
+def _events(requests: list):
+    """Each request's events in turn (they run together in the batcher); closed early, frees their slots."""
+    try:
+        for request in requests:
+            yield from request
+    finally:
+        for request in requests:
+            request.cancel()
 
 
 def _prompts(model, request: GenerationRequest):
@@ -48,18 +88,31 @@ def _identity(request: GenerationRequest) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
 
-def generate(model, served: Served, request: GenerationRequest) -> dict:
-    """The whole answer of a request that is not streamed. Raises InputError for a request the model refuses."""
+def generate(model, served: Served, request: GenerationRequest, batcher=None) -> dict:
+    """The whole answer of a request that is not streamed (through `batcher` where there is one). Raises
+    InputError for a request the model refuses."""
     prompts, settings, prompt_tokens = _prepared(model, request)
-    completions = model.generate(prompts, seed=request.seed, **settings)
+    if batcher is None:
+        completions = model.generate(prompts, seed=request.seed, **settings)
+    else:
+        requests = _submitted(batcher, request, settings)
+        try:
+            completions = [r.result() for r in requests]
+        finally:
+            for r in requests:
+                r.cancel()
     return generation_answer(request, served, *_identity(request), completions, prompt_tokens)
 
 
-def start_stream(model, served: Served, request: GenerationRequest) -> Iterator[bytes]:
-    """The server-sent events of a streamed request. The request is checked here, before the first event (an
-    InputError for one the model refuses); a failure while streaming ends the stream with an error event."""
+def start_stream(model, served: Served, request: GenerationRequest, batcher=None) -> Iterator[bytes]:
+    """The server-sent events of a streamed request (through `batcher` where there is one). The request is checked
+    here, before the first event (an InputError for one the model refuses); a failure while streaming ends the
+    stream with an error event."""
     prompts, settings, prompt_tokens = _prepared(model, request)
-    events = model.stream(prompts, seed=request.seed, **settings)
+    if batcher is None:
+        events = model.stream(prompts, seed=request.seed, **settings)
+    else:
+        events = _events(_submitted(batcher, request, settings))
     chunks = stream_chunks(request, served, *_identity(request), events, prompt_tokens)
     return _guarded(chunks)
 

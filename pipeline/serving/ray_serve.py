@@ -27,10 +27,12 @@ the cluster, where Ray places each replica on a node with that many free). More 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from pipeline.errors import InputError, ServingError
@@ -166,6 +168,13 @@ def _deployment():
             self.image = getattr(self.model, "modality", "text") == "image"
             self.limits = limits
             self.reading = 0  # bodies being read; only the replica's event loop changes it
+            # Chat and completions of a decoder whose cache allows it share one continuously batched engine; a
+            # request that is not streamed waits for its answer in a thread of its own, so that the default
+            # executor's few threads (CPUs + 4) do not cap how many requests decode together.
+            self.batcher = openai_routes.continuous_batcher(self.model) if self.key == "completions" else None
+            self.waiting = (
+                ThreadPoolExecutor(max_workers=64, thread_name_prefix="openai-wait") if self.batcher else None
+            )
             self.batched.set_max_batch_size(max_batch_size)
             self.batched.set_batch_wait_timeout_s(wait_s)
 
@@ -237,7 +246,8 @@ def _deployment():
             return respond(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))
 
         async def openai(self, request: Request):
-            """The OpenAI-compatible routes (pipeline.serving.openai_api); a chat or completion runs alone."""
+            """The OpenAI-compatible routes (pipeline.serving.openai_api); a chat or completion joins the replica's
+            continuous batch where there is one, else runs alone."""
             try:
                 route = check_route(self.served, request.method, request.url.path)
                 if route == MODELS:
@@ -253,9 +263,12 @@ def _deployment():
                     return openai_routes.embeddings(self.model, self.served, parsed, vectors)
                 parsed = parse_generation(route, body, self.served, self.limits["max_texts"])
                 if parsed.stream:
-                    chunks = await asyncio.to_thread(openai_routes.start_stream, self.model, self.served, parsed)
+                    chunks = await asyncio.to_thread(
+                        openai_routes.start_stream, self.model, self.served, parsed, self.batcher
+                    )
                     return StreamingResponse(chunks, media_type="text/event-stream")
-                return await asyncio.to_thread(openai_routes.generate, self.model, self.served, parsed)
+                run = functools.partial(openai_routes.generate, self.model, self.served, parsed, self.batcher)
+                return await asyncio.get_running_loop().run_in_executor(self.waiting, run)
             except fatal:
                 raise
             except APIError as err:

@@ -329,6 +329,37 @@ def test_completions_stop_strings_and_streaming(client, chat_gpt2, model_id):
 
 
 @pytest.mark.slow  # a live Ray Serve deployment
+def test_sixteen_concurrent_streaming_chats_each_get_the_text_they_get_alone(client, chat_gpt2, model_id):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.runtime import load
+
+    from ..conftest import SMALL_TEXTS
+
+    model = load(chat_gpt2)
+    assert model.spec["cache"] == "shared"  # the replica batches its requests continuously
+    chats = [[{"role": "user", "content": SMALL_TEXTS[i % 12] + " Why?" * (i // 4)}] for i in range(16)]
+
+    def settings(i: int) -> dict:  # greedy and seeded sampling, of several lengths
+        return {"max_tokens": 4 + 2 * i, "temperature": 0.9 if i % 2 else 0, "seed": i}
+
+    def alone(i: int) -> str:
+        given = settings(i)
+        [completion] = model.generate(
+            messages=[chats[i]], max_new_tokens=given["max_tokens"], temperature=given["temperature"], seed=i
+        )
+        return completion.text
+
+    def streamed(i: int) -> str:
+        stream = client.chat.completions.create(model=model_id, messages=chats[i], stream=True, **settings(i))
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(streamed, range(16)))
+    assert texts == [alone(i) for i in range(16)]
+
+
+@pytest.mark.slow  # a live Ray Serve deployment
 def test_a_seed_repeats_a_sampled_chat(client):
     def sample(seed: int) -> str:
         answer = client.chat.completions.create(
