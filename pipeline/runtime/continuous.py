@@ -28,6 +28,7 @@ import dataclasses
 import heapq
 import queue
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import numpy as np
@@ -47,7 +48,8 @@ _END = object()
 class Stats:
     """Counters of a batcher's engine since it started: requests submitted, admitted into a slot while others were
     decoding (`joined_running`), finished, cancelled and failed; prompt chunks run (`prefill_chunks`), decode steps,
-    and the most requests one decode step ran together (`most_decoding`)."""
+    and the most requests one decode step ran together (`most_decoding`); the tokens decode steps made
+    (`decoded_tokens`) and the seconds spent in prefill and decode runs."""
 
     submitted: int = 0
     joined_running: int = 0
@@ -57,6 +59,9 @@ class Stats:
     prefill_chunks: int = 0
     decode_steps: int = 0
     most_decoding: int = 0
+    decoded_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
 
 class Request:
@@ -341,7 +346,9 @@ class ContinuousBatcher:
             take = min(len(prompt) - running.filled, budget)
             end = running.filled + take
             ids = np.array([prompt[running.filled : end]], dtype=np.int64)
+            started = time.perf_counter()
             logits, err = _attempt(self.cache.run, running.slot, ids, np.array([end]))
+            self._counts["prefill_seconds"] += time.perf_counter() - started
             if err:
                 self._fail(running, err)
                 continue
@@ -365,12 +372,15 @@ class ContinuousBatcher:
         for running in decoding:
             ids[running.slot, 0] = running.next_token
             lengths[running.slot] = len(running.context)
+        started = time.perf_counter()
         logits, err = _attempt(self.cache.run, 0, ids, lengths)
+        self._counts["decode_seconds"] += time.perf_counter() - started
         if err:  # the requests of this step fail, not the engine
             for running in decoding:
                 self._fail(running, err)
             return
         self._counts["decode_steps"] += 1
+        self._counts["decoded_tokens"] += len(decoding)
         self._counts["most_decoding"] = max(self._counts["most_decoding"], len(decoding))
         for running in decoding:
             self._emit(running, logits[running.slot])

@@ -20,7 +20,8 @@ from ..tiny import make_decoder
 PROMPTS = SMALL_TEXTS + [" ".join(SMALL_TEXTS[i : i + 3]) for i in range(4)]
 
 
-def _build(root, model_type: str, texts_file):
+def published_decoder(root, model_type: str, texts_file):
+    """A tiny random decoder of `model_type` built for cpu-fp32 under `root`; its published artifact's path."""
     from pipeline.build.table import build
 
     folder = make_decoder(root / f"tiny-{model_type}", model_type)
@@ -32,7 +33,11 @@ def _build(root, model_type: str, texts_file):
         artifacts_dir=root / "a",
         cache_dir=root / "c",
     )
-    return load(manifest.published["path"])
+    return manifest.published["path"]
+
+
+def _build(root, model_type: str, texts_file):
+    return load(published_decoder(root, model_type, texts_file))
 
 
 @pytest.fixture(scope="module")
