@@ -14,7 +14,7 @@ from pipeline.runtime.continuous import ContinuousBatcher
 from pipeline.runtime.kv_cache import Decoding
 
 from ..conftest import SMALL_TEXTS
-from ..tiny import make_decoder
+from .test_kv_cache import fp32_decoder
 
 # Prompts of 2 to about 100 tokens: several are longer than the chunks the tests prefill.
 PROMPTS = SMALL_TEXTS + [" ".join(SMALL_TEXTS[i : i + 3]) for i in range(4)]
@@ -22,18 +22,7 @@ PROMPTS = SMALL_TEXTS + [" ".join(SMALL_TEXTS[i : i + 3]) for i in range(4)]
 
 def published_decoder(root, model_type: str, texts_file):
     """A tiny random decoder of `model_type` built for cpu-fp32 under `root`; its published artifact's path."""
-    from pipeline.build.table import build
-
-    folder = make_decoder(root / f"tiny-{model_type}", model_type)
-    manifest = build(
-        folder,
-        "cpu-fp32",
-        validation=texts_file,
-        calibration=texts_file,
-        artifacts_dir=root / "a",
-        cache_dir=root / "c",
-    )
-    return manifest.published["path"]
+    return fp32_decoder(root, model_type, texts_file)[1]
 
 
 def _build(root, model_type: str, texts_file):

@@ -12,7 +12,8 @@ from ..conftest import SMALL_TEXTS
 from ..tiny import make_decoder
 
 
-def _fp32_build(root, model_type: str, texts_file, **config):
+def fp32_decoder(root, model_type: str, texts_file, **config):
+    """A tiny random decoder of `model_type` built for cpu-fp32 under `root`: its folder and published artifact."""
     from pipeline.build.table import build
 
     folder = make_decoder(root / f"tiny-{model_type}", model_type, **config)
@@ -24,7 +25,12 @@ def _fp32_build(root, model_type: str, texts_file, **config):
         artifacts_dir=root / "a",
         cache_dir=root / "c",
     )
-    return folder, load(manifest.published["path"])
+    return folder, manifest.published["path"]
+
+
+def _fp32_build(root, model_type: str, texts_file, **config):
+    folder, artifact = fp32_decoder(root, model_type, texts_file, **config)
+    return folder, load(artifact)
 
 
 @pytest.fixture(scope="module")
