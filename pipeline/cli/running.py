@@ -40,8 +40,21 @@ from pipeline.errors import InputError, PipelineError, QuantizationError
     metavar="NAME=DIR",
     help="decoders: an onnxruntime-genai model folder to run beside the artifact (repeatable)",
 )
-def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai) -> None:
-    """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai models) side by side."""
+@click.option(
+    "--llama",
+    "llama",
+    multiple=True,
+    metavar="NAME=FILE.gguf",
+    help="decoders: a GGUF file of the same checkpoint to run on llama.cpp beside the artifact (repeatable)",
+)
+@click.option(
+    "--streams",
+    default=None,
+    metavar="N,N",
+    help="decoders, instead: continuous batching against one request at a time at N concurrent streams (e.g. 1,16)",
+)
+def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai, llama, streams) -> None:
+    """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai and llama.cpp) side by side."""
     from pipeline.bench import markdown, run
     from pipeline.bench.common import check_out
 
@@ -55,17 +68,19 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
         click.echo(profile_markdown(results))
         click.echo(f"wrote {results['written_to']}/profile.json, profile.md")
         return
+    if streams:
+        from pipeline.bench.streams import bench_streams
+        from pipeline.bench.streams import markdown as streams_markdown
+
+        counts = _counts(streams, "--streams")
+        results = bench_streams(artifact, out, counts, reps=2 if quick else 5, new_tokens=16 if quick else 64)
+        click.echo(streams_markdown(results))
+        click.echo(f"wrote {results['written_to']}/bench.json, bench.md")
+        return
     if calibration:
         from pipeline.bench.calibration import calibration_lines, calibration_memory
 
-        try:
-            counts = [int(n) for n in calibration.split(",")]
-        except ValueError:
-            counts = []
-        if not counts or min(counts) < 1:
-            message = f"{calibration!r} is not a comma-separated list of positive counts, e.g. 1000,10000"
-            raise click.BadParameter(message)
-        rows = calibration_memory(artifact, cache_dir, counts, method)
+        rows = calibration_memory(artifact, cache_dir, _counts(calibration, "--calibration-memory"), method)
         click.echo(calibration_lines(rows))
         if any(row.get("error") for row in rows):
             raise QuantizationError("a calibration run failed (its row above says why)")
@@ -73,7 +88,10 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
     bad = [g for g in genai if "=" not in g]
     if bad:
         raise click.BadParameter(f"{bad[0]!r} is not NAME=DIR, e.g. genai-int4=.cache/genai/smollm2-int4")
-    peers = dict(g.split("=", 1) for g in genai)
+    bad = [g for g in llama if "=" not in g or not g.endswith(".gguf")]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not NAME=FILE.gguf, e.g. llama-q8=.cache/smollm2-q8_0.gguf")
+    peers = dict(g.split("=", 1) for g in (*genai, *llama))
     results = run(artifact, cache_dir, out, baseline=None if baseline == "none" else baseline, quick=quick, peers=peers)
     click.echo(markdown(results))
     written = "bench.json, bench.md, " + ("bench-prompt*.png" if "runs" in results else "bench.png")
@@ -184,3 +202,15 @@ def _text2text(model, texts, max_new_tokens, num_beams, others: dict) -> None:
         )
     for text in model.generate(list(texts), max_new_tokens=max_new_tokens, num_beams=num_beams):
         click.echo(printable(text))
+
+
+def _counts(value: str, option: str) -> list[int]:
+    """A comma-separated list of positive counts, else a click error naming the option."""
+    try:
+        counts = [int(n) for n in value.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        message = f"{value!r} is not a comma-separated list of positive counts, e.g. 1,16"
+        raise click.BadParameter(message, param_hint=option)
+    return counts
