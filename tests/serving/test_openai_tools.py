@@ -283,3 +283,20 @@ def test_a_served_chat_with_tools_is_answered_as_the_runtime_generates_it_with_t
     ]
     assert text == model.generate(messages=[sent], tools=[WEATHER], max_new_tokens=8, temperature=0)[0].text
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_openai_clients_types_and_stream_accumulator_read_the_tool_calls():
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    text = "Checking. " + _block("get_weather", {"city": "Paris"})
+    answer = generation_answer(_parse(tools=[WEATHER]), DECODER, "chatcmpl-1", 0, [_completion(text)], 9)
+    [call] = ChatCompletion.model_validate(answer).choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    state = ChatCompletionStreamState()
+    for chunk in _stream(_parse(tools=[WEATHER], stream=True), [text[:7], text[7:]]):
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    [choice] = state.get_final_completion().choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content == text  # streamed as generated
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
