@@ -256,7 +256,7 @@ def test_a_served_chat_with_tools_is_answered_as_the_runtime_generates_it_with_t
     from pipeline.runtime import load
 
     model = load(tools_llama)
-    assert model.spec["cache"] == "shared"  # so the replica's ContinuousBatcher renders the tools
+    assert model.spec["cache"] == "shared" and model.right_padded  # the replica batches it: submit() gets the tools
     [model_id] = [m.id for m in tools_client.models.list().data]
     settings = {"max_tokens": 8, "temperature": 0}
     with_tools = tools_client.chat.completions.create(model=model_id, messages=HELLO, tools=[WEATHER], **settings)
