@@ -29,7 +29,8 @@ class ChatPrompts(list):
 
 def check_messages(messages, call: str) -> list[list[dict]]:
     """A list of conversations, each a non-empty list of {"role": str, "content": str} dicts (other keys are
-    passed to the template as they are), else a one-line InputError naming the first problem."""
+    passed to the template as they are; content may be None in a message with tool_calls, as OpenAI's clients send
+    it), else a one-line InputError naming the first problem."""
     shape = 'a list of conversations, each a list of {"role": ..., "content": ...} dicts'
     if isinstance(messages, dict) or (
         isinstance(messages, list | tuple) and messages and isinstance(messages[0], dict)
@@ -49,6 +50,8 @@ def check_messages(messages, call: str) -> list[list[dict]]:
                     'pass {"role": "user", "content": "..."}'
                 )
             bad = [k for k in ("role", "content") if not isinstance(message.get(k), str)]
+            if bad == ["content"] and message.get("content") is None and message.get("tool_calls"):
+                bad = []
             if bad:
                 raise InputError(
                     f"{call}: messages[{i}][{j}] has no string {' or '.join(repr(k) for k in bad)} "
@@ -122,17 +125,50 @@ def _chat_spec(spec: dict) -> tuple[str, dict]:
     return chat["template"], chat["special_tokens"]
 
 
-def render_chats(spec: dict, messages, call: str = "generate()") -> ChatPrompts:
-    """Each conversation of `messages` rendered with the artifact's chat template and the generation prompt (the
-    text that opens the assistant's turn), as transformers' apply_chat_template(..., add_generation_prompt=True)."""
-    conversations = check_messages(messages, call)
-    template_text, special_tokens = _chat_spec(spec)
+def _compiled(template_text: str):
     import jinja2
 
     try:
-        template = compiled_template(template_text)
+        return compiled_template(template_text)
     except jinja2.TemplateSyntaxError as err:
         raise ArtifactError(f"the artifact's chat template does not compile ({err}); rebuild it") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _reads_tools(template_text: str) -> bool:
+    from jinja2 import meta
+
+    environment = _compiled(template_text).environment
+    return "tools" in meta.find_undeclared_variables(environment.parse(template_text))
+
+
+def template_uses_tools(spec: dict) -> bool:
+    """Whether the artifact's chat template reads `tools` at all (a template that does not would drop them)."""
+    return _reads_tools(_chat_spec(spec)[0])
+
+
+def _check_tools(spec: dict, tools, call: str) -> list | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list | tuple) or not all(isinstance(t, dict) for t in tools):
+        raise InputError(f"{call}: tools takes a list of tool dicts (OpenAI's {{'type': 'function', ...}}), or None")
+    if tools and not template_uses_tools(spec):
+        raise InputError(
+            f"{call}: the artifact's chat template does not use tools, so they would be ignored; pass tools=None, "
+            "or build from a checkpoint whose template renders them"
+        )
+    return list(tools) or None
+
+
+def render_chats(spec: dict, messages, call: str = "generate()", tools=None) -> ChatPrompts:
+    """Each conversation of `messages` rendered with the artifact's chat template and the generation prompt (the
+    text that opens the assistant's turn), as transformers' apply_chat_template(..., add_generation_prompt=True).
+    `tools` (a list of tool dicts, as apply_chat_template(tools=...) takes them) is given to the template; an
+    InputError where the template does not read tools."""
+    conversations = check_messages(messages, call)
+    template_text, special_tokens = _chat_spec(spec)
+    template = _compiled(template_text)
+    tools = _check_tools(spec, tools, call)
     rendered = ChatPrompts()
     for i, conversation in enumerate(conversations):
         try:
@@ -140,7 +176,7 @@ def render_chats(spec: dict, messages, call: str = "generate()") -> ChatPrompts:
                 render_bounded(
                     template,
                     messages=conversation,
-                    tools=None,
+                    tools=tools,
                     documents=None,
                     add_generation_prompt=True,
                     **special_tokens,
@@ -159,12 +195,15 @@ def render_chats(spec: dict, messages, call: str = "generate()") -> ChatPrompts:
     return rendered
 
 
-def chat_prompts(spec: dict, prompts, messages, call: str):
-    """What a generation call encodes: its prompts as they are, or its `messages` rendered (ChatPrompts)."""
+def chat_prompts(spec: dict, prompts, messages, call: str, tools=None):
+    """What a generation call encodes: its prompts as they are, or its `messages` rendered (ChatPrompts) with
+    `tools`."""
     if messages is None:
+        if tools is not None:
+            raise InputError(f"{call}: tools go with messages (a chat); pass messages, or leave tools out")
         if prompts is None:
             raise InputError(f"{call} needs prompts (a list of strings) or messages (a list of conversations)")
         return prompts
     if prompts is not None:
         raise InputError(f"{call} takes prompts or messages, not both; pass one of them")
-    return render_chats(spec, messages, call)
+    return render_chats(spec, messages, call, tools)

@@ -186,9 +186,12 @@ class ContinuousBatcher:
         """The engine's counters now."""
         return Stats(**self._counts)
 
-    def submit(self, prompt=None, *, messages=None, seed: int | None = None, index: int = 0, **settings) -> Request:
+    def submit(
+        self, prompt=None, *, messages=None, tools=None, seed: int | None = None, index: int = 0, **settings
+    ) -> Request:
         """Queue one request: a prompt (a str, or a list of token ids) or a conversation (`messages`, a list of
-        {"role", "content"} dicts rendered with the chat template), with the settings of `Generator.generate`.
+        {"role", "content"} dicts rendered with the chat template, with `tools` as `Generator.generate` takes
+        them), with the settings of `Generator.generate`.
         Its InputError (bad settings, a prompt too long for a slot) is raised here, to this caller alone.
         `index` names the request in its events, and seeds it as generate() seeds its prompt of that index."""
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -207,7 +210,8 @@ class ContinuousBatcher:
             )
         if not is_int(index) or index < 0:
             raise InputError(f"submit(): index={index!r} must be an int >= 0")
-        request = Request(self, self._prompt_ids(prompt, messages, sampling.max_new_tokens), sampling, seed, index)
+        ids = self._prompt_ids(prompt, messages, tools, sampling.max_new_tokens)
+        request = Request(self, ids, sampling, seed, index)
         with self._wake:
             if self._closed:
                 raise InputError("this ContinuousBatcher is closed; make a new one")
@@ -221,12 +225,13 @@ class ContinuousBatcher:
             self._wake.notify()
         return request
 
-    def _prompt_ids(self, prompt, messages, new_tokens: int) -> list[int]:
+    def _prompt_ids(self, prompt, messages, tools, new_tokens: int) -> list[int]:
         """The prompt's token ids, cut from the left to what a slot holds besides the new tokens (or refused, per
         the target, as generate() does)."""
-        if messages is not None or isinstance(prompt, str):
+        if messages is not None or tools is not None or isinstance(prompt, str):
             texts = [prompt] if isinstance(prompt, str) else prompt
-            prompts = chat_prompts(self.model.spec, texts, None if messages is None else [messages], "submit()")
+            conversations = None if messages is None else [messages]
+            prompts = chat_prompts(self.model.spec, texts, conversations, "submit()", tools)
             ids = list(self.model.encode(prompts, "submit()")[0].ids)
         elif isinstance(prompt, list | tuple) and prompt and all(is_int(t) for t in prompt):
             ids = [int(t) for t in prompt]

@@ -212,7 +212,14 @@ class Generator:
         return frozenset(int(t) for t in ids)
 
     def stream(
-        self, prompts=None, batch_size: int | None = None, seed: int | None = None, *, messages=None, **settings
+        self,
+        prompts=None,
+        batch_size: int | None = None,
+        seed: int | None = None,
+        *,
+        messages=None,
+        tools=None,
+        **settings,
     ) -> Iterator[Token]:
         """Generate for each prompt, yielding a Token event per prompt per step as soon as it is chosen. Bad
         arguments raise InputError here, before the first token.
@@ -228,9 +235,10 @@ class Generator:
         its prompt by `index`.
 
         `messages`, in place of prompts, is a list of conversations (each a list of {"role", "content"} dicts),
-        rendered with the checkpoint's chat template, ready for the assistant's reply.
+        rendered with the checkpoint's chat template, ready for the assistant's reply; `tools` (a list of tool
+        dicts in OpenAI's shape, as transformers' apply_chat_template(tools=...) takes them) go to that template.
         """
-        prompts = chat_prompts(self.spec, prompts, messages, "stream()")
+        prompts = chat_prompts(self.spec, prompts, messages, "stream()", tools)
         return self._events(prompts, batch_size, seed, settings, "stream()")[1]
 
     def _events(self, prompts, batch_size, seed, settings: dict, call: str, texts: bool = True):
@@ -303,11 +311,18 @@ class Generator:
             logits = state.step(chosen if all(live) else np.where(live, chosen, self.pad_id))
 
     def generate(
-        self, prompts=None, batch_size: int | None = None, seed: int | None = None, *, messages=None, **settings
+        self,
+        prompts=None,
+        batch_size: int | None = None,
+        seed: int | None = None,
+        *,
+        messages=None,
+        tools=None,
+        **settings,
     ) -> list:
         """Generate for each prompt (or conversation of `messages`); returns one Completion per prompt, in order.
-        Takes the settings of `stream`."""
-        prompts = chat_prompts(self.spec, prompts, messages, "generate()")
+        Takes the settings (and `tools`) of `stream`."""
+        prompts = chat_prompts(self.spec, prompts, messages, "generate()", tools)
         rows, events = self._events(prompts, batch_size, seed, settings, "generate()", texts=False)
         pieces: dict[int, list[str]] = {}
         tokens: dict[int, list[int]] = {}

@@ -8,8 +8,10 @@ and stream chunks OpenAI's clients read. Plain functions over parsed JSON; no Ra
     POST /v1/embeddings          feature-extraction: input (a string or a list of them), float or base64 vectors
 
 A parameter the runtime cannot honour is refused with a 400 naming it, never ignored: an unknown key, n other
-than 1, logprobs, tools, penalties other than 0. Each refusal is OpenAI's error shape,
-{"error": {"message", "type", "param", "code"}}.
+than 1, logprobs, penalties other than 0. Each refusal is OpenAI's error shape,
+{"error": {"message", "type", "param", "code"}}. A chat's messages, tools, tool_choice and response_format are
+checked in pipeline.serving.openai_tools, which also reads the tool calls out of its answer (it imports this
+module, so this one imports it where it is used).
 """
 
 from __future__ import annotations
@@ -32,22 +34,20 @@ ROUTES = {
 }
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOPS = 4  # OpenAI's limit on stop strings
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+CHAT_ONLY = {"tools", "tool_choice"}  # checked by pipeline.serving.openai_tools, as is response_format
 # Parameters OpenAI defines that the runtime does not implement: accepted only at the value that changes nothing.
 NEUTRAL = {
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "logprobs": (False,),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "response_format": ({"type": "text"},),
 }
 GENERATION = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user")
 ACCEPTED = {
-    CHAT: {*GENERATION, "messages", "max_completion_tokens", *NEUTRAL},
-    COMPLETIONS: {*GENERATION, "prompt", "echo", "best_of", "suffix", *NEUTRAL} - {"tools", "tool_choice"},
+    CHAT: {*GENERATION, "messages", "max_completion_tokens", "response_format", *CHAT_ONLY, *NEUTRAL},
+    COMPLETIONS: {*GENERATION, "prompt", "echo", "best_of", "suffix", "response_format", *NEUTRAL},
     EMBEDDINGS: {"model", "input", "encoding_format", "user", "dimensions"},
 }
 COMPLETION_NEUTRAL = {"echo": (False,), "best_of": (1,), "suffix": ("",)}
@@ -91,7 +91,8 @@ class Served:
 @dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """A parsed chat or completion request: one conversation (chat) or its prompts (completion), and its
-    settings. `max_tokens` None: the rest of the context (chat) or 16 (completion)."""
+    settings. `max_tokens` None: the rest of the context (chat) or 16 (completion). `tools`: the chat's tools as
+    its template takes them, or None."""
 
     route: str
     conversation: tuple | None
@@ -103,6 +104,7 @@ class GenerationRequest:
     stop: tuple[str, ...] | None
     stream: bool
     include_usage: bool
+    tools: tuple[dict, ...] | None = None
 
     def settings(self, max_new_tokens: int) -> dict:
         """The runtime's settings (Generator.stream's keywords) for this request."""
@@ -236,31 +238,6 @@ def _stream(given: dict) -> tuple[bool, bool]:
     return stream, usage
 
 
-def _conversation(messages) -> tuple:
-    """The messages as the chat template takes them: {"role", "content"} dicts, developer taken as system."""
-    if not isinstance(messages, list) or not messages:
-        raise APIError('messages must be a non-empty list of {"role", "content"} objects', "messages")
-    conversation = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise APIError(f"{where} is not an object", where)
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise APIError(
-                f"{where}.{extra[0]} is not supported; messages take role and content", f"{where}.{extra[0]}"
-            )
-        if message.get("role") not in ROLES:
-            roles = ", ".join(ROLES)
-            raise APIError(
-                f"{where}.role {json.dumps(message.get('role'))} is not served; pass {roles}", f"{where}.role"
-            )
-        if not isinstance(message.get("content"), str):
-            raise APIError(f"{where}.content must be a string (content parts are not served)", f"{where}.content")
-        conversation.append({"role": ROLES[message["role"]], "content": message["content"]})
-    return tuple(conversation)
-
-
 def parse_generation(route: str, body: bytes, served: Served, max_texts: int) -> GenerationRequest:
     """A chat (CHAT) or completion (COMPLETIONS) request's body parsed and checked, else an APIError naming the
     parameter at fault."""
@@ -276,9 +253,12 @@ def parse_generation(route: str, body: bytes, served: Served, max_texts: int) ->
     if "user" in given and not isinstance(given["user"], str):
         raise APIError("user must be a string", "user")
     stream, include_usage = _stream(given)
+    from pipeline.serving.openai_tools import check_response_format, conversation, parse_tools
+
+    check_response_format(given)
     return GenerationRequest(
         route=route,
-        conversation=_conversation(given["messages"]) if route == CHAT else None,
+        conversation=conversation(given["messages"]) if route == CHAT else None,
         prompts=_texts(given["prompt"], "prompt", max_texts) if route == COMPLETIONS else None,
         max_tokens=_int(given, limit, 1, served.max_length - 1),
         temperature=_number(given, "temperature", 0, 2),
@@ -287,6 +267,7 @@ def parse_generation(route: str, body: bytes, served: Served, max_texts: int) ->
         stop=_stop(given),
         stream=stream,
         include_usage=include_usage,
+        tools=parse_tools(given) if route == CHAT else None,
     )
 
 
@@ -319,7 +300,12 @@ def generation_answer(request: GenerationRequest, served: Served, ident: str, cr
     for i, completion in enumerate(completions):
         choice = {"index": i, "finish_reason": FINISH[completion.finish_reason], "logprobs": None}
         if request.route == CHAT:
-            choice["message"] = {"role": "assistant", "content": completion.text}
+            from pipeline.serving.openai_tools import extract_tool_calls
+
+            content, calls = extract_tool_calls(completion.text, request.tools)
+            choice["message"] = {"role": "assistant", "content": content}
+            if calls:
+                choice["message"]["tool_calls"], choice["finish_reason"] = calls, "tool_calls"
         else:
             choice["text"] = completion.text
         choices.append(choice)
@@ -345,14 +331,18 @@ DONE = b"data: [DONE]\n\n"
 
 def stream_chunks(request: GenerationRequest, served: Served, ident: str, created: int, events, prompt_tokens: int):
     """Server-sent events for the runtime's stream `events` (each with index, text, finish_reason): a chunk per
-    event that adds text, a chunk with each prompt's finish_reason, the usage where asked for, then [DONE]."""
+    event that adds text, a chunk with each prompt's finish_reason, the usage where asked for, then [DONE]. A chat
+    given tools whose whole text held tool calls sends them in one delta before the finish chunk ("tool_calls")."""
+    from pipeline.serving.openai_tools import streamed_tool_calls
+
     chat = request.route == CHAT
+    texts: dict[int, list[str]] = {}
     kind = "chat.completion.chunk" if chat else "text_completion"
     head = {"id": ident, "object": kind, "created": created, "model": served.id}
 
-    def chunk(index: int, text: str | None, finish: str | None) -> bytes:
+    def chunk(index: int, text: str | None, finish: str | None, calls: list | None = None) -> bytes:
         if chat:
-            delta = {} if text is None else {"content": text}
+            delta = {"tool_calls": calls} if calls else {} if text is None else {"content": text}
             choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
@@ -367,8 +357,13 @@ def stream_chunks(request: GenerationRequest, served: Served, ident: str, create
         generated += 1
         if event.text:
             yield chunk(event.index, event.text, None)
+            if request.tools:
+                texts.setdefault(event.index, []).append(event.text)
         if event.finish_reason:
-            yield chunk(event.index, None, FINISH[event.finish_reason])
+            calls = streamed_tool_calls("".join(texts.get(event.index, [])), request.tools)
+            if calls:
+                yield chunk(event.index, None, None, calls)
+            yield chunk(event.index, None, "tool_calls" if calls else FINISH[event.finish_reason])
     if request.include_usage:
         yield sse({**head, "choices": [], "usage": usage(prompt_tokens, generated)})
     yield DONE

@@ -45,7 +45,8 @@ def _submitted(batcher, request: GenerationRequest, settings: dict) -> list:
     submitted = []
     try:
         if request.route == CHAT:
-            return [batcher.submit(messages=list(request.conversation), seed=request.seed, **settings)]
+            tools = list(request.tools) if request.tools else None
+            return [batcher.submit(messages=list(request.conversation), tools=tools, seed=request.seed, **settings)]
         for i, prompt in enumerate(request.prompts):
             submitted.append(batcher.submit(prompt, index=i, seed=request.seed, **settings))
         return submitted
@@ -66,11 +67,19 @@ def _events(requests: list):
 
 
 def _prompts(model, request: GenerationRequest):
-    """The prompt texts the runtime encodes: the conversation rendered with the chat template, or the prompts."""
+    """The prompt texts the runtime encodes: the conversation rendered with the chat template (and the request's
+    tools, refused where the template does not read them), or the prompts."""
     if request.route == CHAT:
-        from pipeline.runtime.chat import render_chats
+        from pipeline.runtime.chat import render_chats, template_uses_tools
 
-        return render_chats(model.spec, [list(request.conversation)], "chat")
+        if request.tools and not template_uses_tools(model.spec):
+            raise APIError(
+                "tools are not supported by this model: the artifact's chat template does not use tools, so they "
+                "would be ignored; send the request without tools",
+                "tools",
+            )
+        tools = list(request.tools) if request.tools else None
+        return render_chats(model.spec, [list(request.conversation)], "chat", tools)
     return list(request.prompts)
 
 

@@ -243,12 +243,55 @@ def test_template_refusal_is_an_input_error_with_its_message(chat_artifact):
         ([[{"role": "user"}]], "messages[0][0] has no string 'content' (keys: 'role')"),
         ([[{"role": "user", "content": 3}]], "has no string 'content'"),
         ([[{"content": "hi"}], "x"], "has no string 'role'"),
+        ([[{"role": "assistant", "content": None}]], "has no string 'content'"),
     ],
 )
 def test_check_messages_raises_one_line_input_error_naming_the_problem(messages, message):
     with pytest.raises(InputError, match=re.escape(message)) as err:
         check_messages(messages, "generate()")
     assert "\n" not in str(err.value)
+
+
+# Tools as transformers' apply_chat_template(tools=...) passes them to Qwen2.5's template, and a conversation that
+# sends a call back as OpenAI's clients do (content null).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city, in °C.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "local_time", "parameters": {"type": "object"}}},
+]
+TOOL_RESULT = [TOOL_TURNS[0], {**TOOL_TURNS[1], "content": None}, {**TOOL_TURNS[2], "tool_call_id": "call_1"}]
+
+
+@pytest.mark.parametrize("conversation", [CONVERSATIONS["system"], TOOL_RESULT], ids=["system", "tool-result"])
+def test_render_chats_with_tools_equals_transformers_and_holds_each_tools_json(chat_checkpoints, conversation):
+    folder = chat_checkpoints["qwen2"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    spec = {"chat_template": chat_template_spec(tokenizer)}
+    [text] = render_chats(spec, [conversation], tools=TOOLS)
+    assert text == tokenizer.apply_chat_template(conversation, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert all(json.dumps(tool, ensure_ascii=False) in text for tool in TOOLS)
+    assert render_chats(spec, [conversation], tools=[]) == render_chats(spec, [conversation])
+    assert "<tools>" not in render_chats(spec, [conversation])[0]
+
+
+def test_render_chats_refuses_tools_where_the_template_does_not_use_them():
+    from ..chat_templates import QWEN2, SMOLLM2
+
+    smollm2 = {"chat_template": {"template": SMOLLM2, "special_tokens": {}}}
+    with pytest.raises(InputError, match="the artifact's chat template does not use tools") as err:
+        render_chats(smollm2, [CONVERSATIONS["user"]], tools=TOOLS)
+    assert "\n" not in str(err.value)
+    qwen2 = {"chat_template": {"template": QWEN2, "special_tokens": {}}}
+    with pytest.raises(InputError, match="tools takes a list of tool dicts"):
+        render_chats(qwen2, [CONVERSATIONS["user"]], tools="weather")
+    with pytest.raises(InputError, match="tools go with messages"):
+        Generator.generate(SimpleNamespace(spec=qwen2), ["a prompt"], tools=TOOLS)
 
 
 def test_render_chats_raises_artifact_error_on_a_damaged_spec():

@@ -30,7 +30,8 @@ def _chat(**fields) -> bytes:
     "fields, param",
     [
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f f"}}]}, "tools[0].function.name"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": -1}, "presence_penalty"),
         ({"top_logprobs": 2}, "top_logprobs"),
@@ -65,6 +66,7 @@ def test_parse_generation_refuses_an_unsupported_parameter_with_a_400_naming_it(
 
 def test_parse_generation_takes_neutral_values_of_unsupported_parameters_and_nulls_as_unset():
     neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "logprobs": False, "tools": [], "n": 1}
+    neutral |= {"tool_choice": "none", "response_format": {"type": "text"}}
     request = parse_generation(CHAT, _chat(**neutral, temperature=None, user="u", seed=7), DECODER, 16)
     assert request.conversation == tuple(HELLO) and request.temperature is None and request.seed == 7
     assert not request.stream and request.max_tokens is None
@@ -388,3 +390,26 @@ def test_an_unknown_parameter_is_a_bad_request_naming_it_and_serving_goes_on(cli
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(urllib.request.Request(served_gpt2 + "v1/chat/completions", data=b"x" * (100 * 1024)))
     assert err.value.code == 413 and json.load(err.value)["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.slow  # a live Ray Serve deployment
+def test_tools_for_a_template_that_ignores_them_and_json_output_are_bad_requests_saying_why(client, model_id):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as err:  # SmolLM2's template never reads tools
+        client.chat.completions.create(model=model_id, messages=CONVERSATION, tools=[weather], max_tokens=2)
+    assert err.value.body["param"] == "tools" and "chat template does not use tools" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=model_id, messages=CONVERSATION, stream=True, tools=[weather], tool_choice="auto", max_tokens=2
+        )
+    assert err.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=model_id, messages=CONVERSATION, response_format={"type": "json_object"}, max_tokens=2
+        )
+    assert err.value.body["param"] == "response_format" and "not constrained" in err.value.body["message"]
+    # tool_choice "none" renders without the tools: answered as the chat without them.
+    answer = client.chat.completions.create(
+        model=model_id, messages=CONVERSATION, tools=[weather], tool_choice="none", max_tokens=2
+    )
+    assert answer.choices[0].message.role == "assistant" and answer.choices[0].finish_reason in ("stop", "length")
