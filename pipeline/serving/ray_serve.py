@@ -30,6 +30,7 @@ import asyncio
 import functools
 import json
 import logging
+import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -389,13 +390,22 @@ def serve_forever(artifact, **options) -> None:
     """Deploy, print where, and serve until interrupted (the CLI)."""
     import click
 
-    url = deploy(artifact, **options)
-    where = f" on each node of the cluster at {options['address']}" if options.get("address") else ""
-    click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}); Ctrl-C stops")
     try:
+        url = deploy(artifact, **options)
+        # SIGTERM (how systemd, Docker and Kubernetes stop a process) and SIGHUP stop it as Ctrl-C does: Ray's own
+        # handler, which ray.init installs, aborts this process alone and leaves the Ray processes it started
+        # running, listening and orphaned.
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, _interrupt)
+        where = f" on each node of the cluster at {options['address']}" if options.get("address") else ""
+        click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}); Ctrl-C stops")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
         shutdown()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

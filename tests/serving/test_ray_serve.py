@@ -382,3 +382,30 @@ def test_serve_refuses_a_body_timeout_that_is_not_a_positive_number_of_seconds(v
     result = CliRunner().invoke(main, ["serve", str(tmp_path), "--body-timeout", value])
     assert result.exit_code == InputError.exit_code and "error: --body-timeout" in result.output
     assert "pass a positive number of seconds" in result.output
+
+
+@pytest.mark.slow  # a live `pipeline serve` process
+def test_sigterm_stops_pipeline_serve_and_every_process_it_started(published_fp32):
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    port = free_port()
+    command = [sys.executable, "-m", "pipeline", "serve", str(published_fp32), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in server.stdout:  # until it serves, or it ends
+            if line.startswith("serving "):
+                break
+        assert server.poll() is None, "pipeline serve ended before it served"
+        started = psutil.Process(server.pid).children(recursive=True)
+        assert any("raylet" in p.name() for p in started) and _listeners(server.pid)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=120) == 0
+        survivors = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not survivors, f"left running after SIGTERM: {[(p.pid, p.name()) for p in survivors]}"
+    finally:
+        if server.poll() is None:
+            server.kill()
