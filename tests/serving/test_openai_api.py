@@ -226,12 +226,12 @@ def test_generation_answer_maps_the_runtime_finish_reasons():
 openai = pytest.importorskip("openai", reason="the openai client is in the `dev` extra")
 
 
-@pytest.fixture(scope="module")
-def chat_gpt2(texts_file, tmp_path_factory) -> Path:
+def chat_decoder(root: Path, model_type: str, style: str, texts_file) -> Path:
+    """A tiny random decoder of `model_type` with the chat template of `style` (tests/chat_templates.py), built for
+    cpu-fp32 under `root`; its published artifact."""
     from pipeline.build.table import build
 
-    root = tmp_path_factory.mktemp("openai-gpt2")
-    checkpoint = add_chat_template(make_decoder(root / "tiny-gpt2", "gpt2"), "smollm2")
+    checkpoint = add_chat_template(make_decoder(root / f"tiny-{model_type}", model_type), style)
     manifest = build(
         checkpoint,
         "cpu-fp32",
@@ -241,6 +241,11 @@ def chat_gpt2(texts_file, tmp_path_factory) -> Path:
         calibration=texts_file,
     )
     return Path(manifest.published["path"])
+
+
+@pytest.fixture(scope="module")
+def chat_gpt2(texts_file, tmp_path_factory) -> Path:
+    return chat_decoder(tmp_path_factory.mktemp("openai-gpt2"), "gpt2", "smollm2", texts_file)
 
 
 @pytest.fixture(scope="module")

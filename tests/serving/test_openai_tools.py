@@ -12,9 +12,6 @@ import pytest
 from pipeline.serving.openai_api import CHAT, APIError, Served, generation_answer, parse_generation, stream_chunks
 from pipeline.serving.openai_tools import MAX_CALLS, extract_tool_calls
 
-from ..chat_templates import add_chat_template
-from ..tiny import make_decoder
-
 DECODER = Served("tiny-llama/v1", "text-generation", 128, 0)
 HELLO = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = {
@@ -223,19 +220,9 @@ openai = pytest.importorskip("openai", reason="the openai client is in the `dev`
 
 @pytest.fixture(scope="module")
 def tools_llama(texts_file, tmp_path_factory) -> Path:
-    from pipeline.build.table import build
+    from .test_openai_api import chat_decoder
 
-    root = tmp_path_factory.mktemp("openai-tools")
-    checkpoint = add_chat_template(make_decoder(root / "tiny-llama", "llama"), "qwen2")
-    manifest = build(
-        checkpoint,
-        "cpu-fp32",
-        artifacts_dir=root / "artifacts",
-        cache_dir=root / "cache",
-        validation=texts_file,
-        calibration=texts_file,
-    )
-    return Path(manifest.published["path"])
+    return chat_decoder(tmp_path_factory.mktemp("openai-tools"), "llama", "qwen2", texts_file)
 
 
 @pytest.fixture(scope="module")
