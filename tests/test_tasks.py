@@ -81,8 +81,8 @@ TESTED_TASKS = (
 )
 
 
-# Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32; tests/test_two_tower.py
-# clip and siglip.
+# Image encoders: tests/test_vision.py builds vit and dinov2 end to end; deit here, at fp32 (and beit, swin and
+# convnext on generic records); tests/test_two_tower.py clip and siglip.
 TESTED_IMAGE_ENCODERS = ("vit", "deit", "dinov2", "clip", "siglip")
 TESTED_IMAGE_TASKS = ("image-feature-extraction", "image-classification", "zero-shot-image-classification")
 # Tested in tests/test_speech.py: a tiny random Whisper and Whisper tiny.en.
@@ -105,12 +105,13 @@ def test_every_table_row_has_a_test():
     assert set(artifact_schema.TASKS) == set(TASKS)
 
 
-def test_a_deit_image_classifier_builds_at_fp32_and_equals_pytorch(tmp_path):
+@pytest.mark.parametrize("model_type", ["deit", "beit", "swin", "convnext"])
+def test_an_image_classifier_builds_at_fp32_and_equals_pytorch(model_type, tmp_path):
     from PIL import Image
 
     from .tiny import make_image_model
 
-    folder = make_image_model(tmp_path / "tiny-deit", "deit", "image-classification")
+    folder = make_image_model(tmp_path / f"tiny-{model_type}", model_type, "image-classification")
     manifest = build(folder, "cpu-fp32", artifacts_dir=tmp_path / "a", cache_dir=tmp_path / "c")
     picture = np.random.default_rng(1).integers(0, 256, size=(50, 70, 3), dtype=np.uint8)
     got = load(manifest.published["path"]).run([picture])

@@ -114,6 +114,33 @@ IMAGE_ENCODERS = {
             "image_std": [0.229, 0.224, 0.225],
         },
     ),
+    # Families built on generic records (the exporter knows them; no table row): a classifier test each.
+    "beit": (
+        {"patch_size": 8, "use_mask_token": False},
+        {
+            "image_processor_type": "BeitImageProcessor",
+            "size": {"height": 40, "width": 40},
+            "crop_size": {"height": 32, "width": 32},
+            "do_center_crop": True,
+        },
+    ),
+    "swin": (
+        {
+            "shape": {
+                "image_size": 32,
+                "patch_size": 4,
+                "embed_dim": 16,
+                "depths": [1, 1],
+                "num_heads": [1, 2],
+                "window_size": 4,
+            }
+        },
+        {"image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 32}},
+    ),
+    "convnext": (
+        {"shape": {"image_size": 32, "hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2}},
+        {"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 32}, "crop_pct": 0.875},
+    ),
 }
 IMAGE_LABELS = {0: "tabby", 1: "rocket", 2: "coffee mug", 3: "astronaut", 4: "motorcycle", 5: "texture"}
 
@@ -127,9 +154,10 @@ def make_image_model(folder: Path, model_type: str = "vit", task: str = "image-f
     import transformers
 
     torch.manual_seed(seed)
-    model_config, processor = IMAGE_ENCODERS[model_type]
+    model_config, processor = dict(IMAGE_ENCODERS[model_type][0]), IMAGE_ENCODERS[model_type][1]
     shape = {"image_size": 32, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
-    config = transformers.AutoConfig.for_model(model_type, **shape, intermediate_size=64, **model_config)
+    shape = model_config.pop("shape", {**shape, "intermediate_size": 64})  # a family of other shape keys
+    config = transformers.AutoConfig.for_model(model_type, **shape, **model_config)
     if task == "image-classification":
         config.num_labels = len(IMAGE_LABELS)
         config.id2label, config.label2id = IMAGE_LABELS, {v: k for k, v in IMAGE_LABELS.items()}
