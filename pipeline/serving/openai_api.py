@@ -10,8 +10,8 @@ and stream chunks OpenAI's clients read. Plain functions over parsed JSON; no Ra
 A parameter the runtime cannot honour is refused with a 400 naming it, never ignored: an unknown key, n other
 than 1, logprobs, penalties other than 0. Each refusal is OpenAI's error shape,
 {"error": {"message", "type", "param", "code"}}. A chat's messages, tools, tool_choice and response_format are
-checked in pipeline.serving.openai_tools, which also reads the tool calls out of its answer (it imports this
-module, so this one imports it where it is used).
+checked in pipeline.serving.openai_tools, which also reads the tool calls out of its answer; the refusal itself,
+APIError, is pipeline.serving.openai_errors'.
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ import datetime
 import json
 import math
 
-from pipeline.errors import InputError
+from pipeline.serving.openai_errors import APIError
+from pipeline.serving.openai_tools import (
+    check_response_format,
+    conversation,
+    extract_tool_calls,
+    parse_tools,
+    streamed_tool_calls,
+)
 
 MODELS, CHAT, COMPLETIONS, EMBEDDINGS = "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 # Each route: its method and the artifact tasks it serves.
@@ -34,7 +41,6 @@ ROUTES = {
 }
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOPS = 4  # OpenAI's limit on stop strings
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 CHAT_ONLY = {"tools", "tool_choice"}  # checked by pipeline.serving.openai_tools, as is response_format
 # Parameters OpenAI defines that the runtime does not implement: accepted only at the value that changes nothing.
@@ -51,18 +57,6 @@ ACCEPTED = {
     EMBEDDINGS: {"model", "input", "encoding_format", "user", "dimensions"},
 }
 COMPLETION_NEUTRAL = {"echo": (False,), "best_of": (1,), "suffix": ("",)}
-
-
-class APIError(InputError):
-    """A request refused in OpenAI's shape: HTTP `status`, the `param` at fault (or None) and OpenAI's `code`."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +247,6 @@ def parse_generation(route: str, body: bytes, served: Served, max_texts: int) ->
     if "user" in given and not isinstance(given["user"], str):
         raise APIError("user must be a string", "user")
     stream, include_usage = _stream(given)
-    from pipeline.serving.openai_tools import check_response_format, conversation, parse_tools
 
     check_response_format(given)
     return GenerationRequest(
@@ -300,8 +293,6 @@ def generation_answer(request: GenerationRequest, served: Served, ident: str, cr
     for i, completion in enumerate(completions):
         choice = {"index": i, "finish_reason": FINISH[completion.finish_reason], "logprobs": None}
         if request.route == CHAT:
-            from pipeline.serving.openai_tools import extract_tool_calls
-
             content, calls = extract_tool_calls(completion.text, request.tools)
             choice["message"] = {"role": "assistant", "content": content}
             if calls:
@@ -333,7 +324,6 @@ def stream_chunks(request: GenerationRequest, served: Served, ident: str, create
     """Server-sent events for the runtime's stream `events` (each with index, text, finish_reason): a chunk per
     event that adds text, a chunk with each prompt's finish_reason, the usage where asked for, then [DONE]. A chat
     given tools whose whole text held tool calls sends them in one delta before the finish chunk ("tool_calls")."""
-    from pipeline.serving.openai_tools import streamed_tool_calls
 
     chat = request.route == CHAT
     texts: dict[int, list[str]] = {}

@@ -21,7 +21,9 @@ import json
 import re
 import uuid
 
-from pipeline.serving.openai_api import ROLES, APIError
+from pipeline.serving.openai_errors import APIError
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 MAX_TOOLS = 128  # OpenAI's limit on tools a request
 MAX_TOOLS_BYTES = 64 * 1024  # the tools' JSON, all together: it is rendered into every prompt
