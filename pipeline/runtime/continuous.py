@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.errors import InputError, OverloadedError
 from pipeline.runtime.chat import chat_prompts
-from pipeline.runtime.generation import SETTINGS, Completion, Token
+from pipeline.runtime.generation import SETTINGS, Completion, Token, token_event
 from pipeline.runtime.kv_cache import SlotCache
 from pipeline.runtime.sampling import Detokenizer, choose_tokens, is_int
 from pipeline.runtime.text import FATAL
@@ -391,21 +391,16 @@ class ContinuousBatcher:
             self._emit(running, logits[running.slot])
 
     def _emit(self, running: _Running, logits: np.ndarray) -> None:
-        """Choose a request's next token from its logits [V] and send its event, as Generator._stream_batch does."""
+        """Choose a request's next token from its logits [V] and send its event (generation.token_event, as
+        Generator._stream_batch does)."""
         sampling = running.request.sampling
         token = int(choose_tokens(logits[None], [running.context], running.generated, sampling, [running.rng])[0])
         running.context.append(token)
         running.generated += 1
-        text, stopped = running.detokenizer.add(token)
-        reason = "stop" if stopped else "eos" if token in sampling.eos else None
-        if reason is None and running.generated == sampling.max_new_tokens:
-            reason = "length"
-        if reason in ("eos", "length"):
-            rest, stopped = running.detokenizer.flush()  # a held-back tail can complete a stop string
-            text, reason = text + rest, "stop" if stopped else reason
-        running.request._events.put(Token(running.request.index, token, text, reason))
+        event = token_event(running.request.index, token, running.detokenizer, sampling, running.generated)
+        running.request._events.put(event)
         running.next_token = token
-        if reason:
+        if event.finish_reason:
             self._counts["finished"] += 1
             self._leave(running, _END)
 

@@ -48,6 +48,20 @@ class Token:
     finish_reason: str | None = None
 
 
+def token_event(index: int, token: int, detokenizer, sampling: Sampling, generated: int) -> Token:
+    """The event of prompt `index`'s `generated`-th new token: its text from `detokenizer` (None: no text decoded
+    per step) and why the prompt ended, if it did: a stop string, an end-of-sequence token, or the last token
+    allowed."""
+    text, stopped = detokenizer.add(token) if detokenizer else ("", False)
+    reason = "stop" if stopped else "eos" if token in sampling.eos else None
+    if reason is None and generated == sampling.max_new_tokens:
+        reason = "length"
+    if reason in ("eos", "length") and detokenizer:
+        rest, stopped = detokenizer.flush()  # a held-back tail can complete a stop string
+        text, reason = text + rest, "stop" if stopped else reason
+    return Token(index, token, text, reason)
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
     """A prompt's generated text (cut before any stop string), its token ids (the end-of-sequence token
@@ -295,16 +309,10 @@ class Generator:
                 if not live[row]:
                     continue
                 context[row].append(token)
-                text, stopped = detokenizers[row].add(token) if incremental else ("", False)
-                reason = "stop" if stopped else "eos" if token in sampling.eos else None
-                if reason is None and step + 1 == sampling.max_new_tokens:
-                    reason = "length"
-                if reason:
+                event = token_event(indices[row], token, detokenizers[row] if incremental else None, sampling, step + 1)
+                if event.finish_reason:
                     live[row] = False
-                if reason in ("eos", "length") and incremental:
-                    rest, stopped = detokenizers[row].flush()  # a held-back tail can complete a stop string
-                    text, reason = text + rest, "stop" if stopped else reason
-                yield Token(indices[row], token, text, reason)
+                yield event
             if not any(live):
                 return
             # Rows that have ended keep a place in the batch, fed padding, as transformers does.

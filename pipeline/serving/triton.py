@@ -188,13 +188,13 @@ def _python_model(name: str, manifest: dict, out: Path, source: str, python_env:
     return _write(folder, config)
 
 
-def _text_input(name: str = "TEXT") -> list[dict]:
+def _string_input(name: str = "TEXT") -> list[dict]:
     return [{"name": name, "data_type": "TYPE_STRING", "dims": [1]}]
 
 
 def _tokenizer_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None) -> Path:
     inputs = manifest["model"]["inputs"]
-    io = {"input": _text_input(), "output": [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in inputs]}
+    io = {"input": _string_input(), "output": [{"name": n, "data_type": "TYPE_INT64", "dims": [-1]} for n in inputs]}
     path = _python_model(name, manifest, out, "tokenizer_model.py", python_env, io)
     shutil.copyfile(artifact / TOKENIZER, out / name / "1" / TOKENIZER)
     (out / name / "1" / "spec.json").write_text(json.dumps(manifest["model"], indent=1, sort_keys=True))
@@ -209,7 +209,7 @@ def _ensemble(manifest: dict, name: str, graph: str, tokenizer: str, out: Path, 
         "name": name,
         "platform": "ensemble",
         "max_batch_size": max_batch,
-        "input": _text_input(),
+        "input": _string_input(),
         "output": [{"name": public, "data_type": "TYPE_FP32", "dims": dims}],
         "ensemble_scheduling": {
             "step": [
@@ -234,7 +234,7 @@ def _ensemble(manifest: dict, name: str, graph: str, tokenizer: str, out: Path, 
 def _runtime_model(artifact: Path, manifest: dict, name: str, out: Path, python_env: str | None, dims) -> Path:
     kind, public = TASK_IO[manifest["model"]["task"]]
     output = {"name": public, "data_type": "TYPE_STRING" if public == "TEXT_OUT" else "TYPE_FP32", "dims": dims}
-    io = {"input": _text_input(kind), "output": [output]}
+    io = {"input": _string_input(kind), "output": [output]}
     path = _python_model(name, manifest, out, "runtime_model.py", python_env, io)
     # The artifact keeps its <model>/<version>/<target> folders: load() checks that its manifest sits in them.
     target = out / name / "1" / manifest["model_name"] / manifest["version"] / manifest["target"]
