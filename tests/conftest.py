@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .tiny import make_checkpoint, make_decoder
+from tests.tiny import make_checkpoint, make_decoder
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_TEXTS = [
@@ -62,7 +62,7 @@ def _publish(
         validation=texts_file,
         calibration=calibration,
     )
-    return Path(manifest.published["path"])
+    return Path(manifest.published.path)
 
 
 @pytest.fixture(scope="session")

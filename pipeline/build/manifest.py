@@ -48,6 +48,29 @@ class StageRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class Chosen:
+    """How the published graph runs: its file name, backend, precision (None: the target's) and session settings."""
+
+    graph: str
+    backend: str
+    precision: str | None
+    session: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """Where the publish stage put the artifact: its folder and version, whether an identical version was already
+    there (`reused`), its content id, the engine cache entries it wrote, and the whole build's seconds."""
+
+    version: str
+    path: str
+    reused: bool
+    content_id: str
+    engines: list
+    seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     """Everything known about one build so far."""
 
@@ -60,7 +83,7 @@ class Manifest:
     task_override: str | None = None
     checkpoint: Checkpoint | None = None
     stages: tuple[StageRecord, ...] = ()
-    published: dict | None = None
+    published: Published | None = None
 
     def stage(self, name: str) -> StageRecord:
         """The record of an earlier stage, by name."""
@@ -82,13 +105,13 @@ class Manifest:
                 return record
         raise PipelineError("no stage has produced a model.onnx yet")
 
-    def chosen(self) -> dict:
+    def chosen(self) -> Chosen:
         """How the published graph runs: its file name, backend, precision and session settings (the search's
         choice where one ran, else ONNX Runtime)."""
         record = self.last_model()
         if record.name == "search":
-            return {k: record.metrics[k] for k in ("graph", "backend", "precision", "session")}
-        return {"graph": MODEL_GRAPH, "backend": "onnxruntime", "precision": None, "session": {}}
+            return Chosen(*(record.metrics[k] for k in ("graph", "backend", "precision", "session")))
+        return Chosen(MODEL_GRAPH, "onnxruntime", None, {})
 
     def graph_records(self) -> dict[str, StageRecord]:
         """The stage that made each graph file this build publishes, by file name: model.onnx (or model.xml and
@@ -157,8 +180,8 @@ def candidate_model(manifest: Manifest, target, graph_path=None, backend: str | 
 
     if graph_path is None:
         chosen = manifest.chosen()
-        graph_path = manifest.last_model().output(chosen["graph"])
-        backend, session = chosen["backend"], {**chosen["session"], **(session or {})}
+        graph_path = manifest.last_model().output(chosen.graph)
+        backend, session = chosen.backend, {**chosen.session, **(session or {})}
     return open_model(
         Path(graph_path),
         manifest.preprocessor()[1],

@@ -205,5 +205,5 @@ def build(
             faults.point(f"after-{stage_name}")
             if stage_name == until:
                 return manifest
-    manifest.published["seconds"] = round(time.perf_counter() - started, 2)
-    return manifest
+    seconds = round(time.perf_counter() - started, 2)
+    return dataclasses.replace(manifest, published=dataclasses.replace(manifest.published, seconds=seconds))

@@ -123,11 +123,11 @@ def _finish(model: str, target: str, options: dict, prepared: dict | None = None
     chosen = next((r for r in manifest.stages if r.name == "search"), None)
     verdict = manifest.stage("validate").metrics.get("verdict", [])
     return {
-        "status": "published" if not manifest.published.get("reused") else "unchanged",
-        "path": manifest.published["path"],
-        "chosen": chosen.metrics.get("chosen") if chosen else f"{manifest.chosen()['backend']} (no search)",
+        "status": "published" if not manifest.published.reused else "unchanged",
+        "path": manifest.published.path,
+        "chosen": chosen.metrics.get("chosen") if chosen else f"{manifest.chosen().backend} (no search)",
         "accuracy": {r["metric"]: r["value"] for r in verdict if not isinstance(r["value"], bool)},
-        "seconds": manifest.published.get("seconds"),
+        "seconds": manifest.published.seconds,
         **_where(),
     }
 

@@ -162,10 +162,10 @@ def build_summary(manifest, spec, host_class: str) -> str:
             "timings were measured on other kernels (the manifest says so); re-validate on a "
             f"{spec.kernel_class} host with `pipeline validate ARTIFACT`"
         )
-    if published["reused"]:
-        lines.append(f"unchanged: {published['path']} already holds this build ({published['version']})")
+    if published.reused:
+        lines.append(f"unchanged: {published.path} already holds this build ({published.version})")
     else:
-        lines.append(f"published {published['path']}")
+        lines.append(f"published {published.path}")
     engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
     if engine and engine["status"] == "pending":
         lines.append(f"engine pending: {engine['reason']}; every other stage is published")
@@ -176,7 +176,7 @@ def build_summary(manifest, spec, host_class: str) -> str:
         lines.append(f"validation of model.int8.onnx: {_scores(validation['int8_qdq'])}")
     lines += _generation_speed(validation)
     reused = ", ".join(r.name for r in manifest.stages if r.reused) or "none"
-    lines.append(f"reused stages: {reused}; {published['seconds']:.1f}s in all")
+    lines.append(f"reused stages: {reused}; {published.seconds:.1f}s in all")
     return "\n".join(lines)
 
 

@@ -15,8 +15,7 @@ from pipeline.bench.encoder import (
 )
 from pipeline.build.shape_buckets import request_stream
 from pipeline.runtime.artifact import verify_artifact
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):

@@ -10,8 +10,7 @@ from pipeline.bench.images import OPENVINO_DEFAULT, PYTORCH
 from pipeline.build.table import build
 from pipeline.build.timing import ARTIFACT
 from pipeline.errors import InputError
-
-from ..tiny import make_image_model
+from tests.tiny import make_image_model
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +19,7 @@ def quick_results(tmp_path_factory):
     dirs = tmp_path_factory.mktemp("build")
     manifest = build(folder, "cpu-fp32", artifacts_dir=dirs / "artifacts", cache_dir=dirs / "cache")
     out = tmp_path_factory.mktemp("bench")
-    return run(manifest.published["path"], dirs / "cache", out, quick=True), out, manifest
+    return run(manifest.published.path, dirs / "cache", out, quick=True), out, manifest
 
 
 def test_every_variant_is_timed_at_each_batch_and_matches_pytorch(quick_results):

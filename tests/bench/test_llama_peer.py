@@ -10,8 +10,7 @@ from pipeline.errors import InputError
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'pipeline[llama]'")
 
 from pipeline.bench.llama_peer import LlamaPeer, gguf_requantized  # noqa: E402
-
-from ..smollm2 import gguf_path  # noqa: E402
+from tools.smollm2 import gguf_path  # noqa: E402
 
 ROWS = [[1, 504, 2365, 314, 253, 1789, 28], [1, 2681, 5477, 30, 15], [1, 504, 6248, 11, 9612, 30, 614, 253, 2365]]
 

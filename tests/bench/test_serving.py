@@ -2,8 +2,7 @@ import pytest
 
 from pipeline.bench.serving import TRITON_ENV, concurrency, markdown
 from pipeline.runtime import load
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 
 def test_drive_counts_each_callers_requests_and_their_latency():

@@ -7,8 +7,7 @@ import pytest
 
 from pipeline.bench.streams import VARIANTS, bench_streams
 from pipeline.errors import InputError
-
-from ..runtime.test_continuous import published_decoder
+from tests.runtime.test_continuous import published_decoder
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..conftest import edit_manifest
+from tests.conftest import edit_manifest
 
 PATTERN = "(a+)+b"
 PANICS = "a" * 30  # Oniguruma's retry limit ends the match and the Rust side panics on it

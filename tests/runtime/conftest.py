@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from .backtracking import add_backtracking_split
+from tests.runtime.backtracking import add_backtracking_split
 
 
 @pytest.fixture(scope="module")

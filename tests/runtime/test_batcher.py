@@ -7,9 +7,8 @@ import pytest
 from pipeline.errors import InputError, OverloadedError
 from pipeline.runtime import load
 from pipeline.runtime.batcher import Batcher
-
-from ..conftest import SMALL_TEXTS
-from .backtracking import PANICS, backtracking_tokenizer
+from tests.conftest import SMALL_TEXTS
+from tests.runtime.backtracking import PANICS, backtracking_tokenizer
 
 
 @pytest.fixture(scope="module")

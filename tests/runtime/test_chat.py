@@ -19,11 +19,10 @@ from pipeline.runtime.chat import ChatPrompts, check_messages, render_chats
 from pipeline.runtime.generation import Generator
 from pipeline.runtime.load import open_model
 from pipeline.runtime.text import open_tokenizer
-
-from ..chat_templates import STYLES, add_chat_template
-from ..conftest import REPO
-from ..smollm2 import DEFAULT as SMOLLM2_CHECKPOINT
-from ..tiny import make_decoder
+from tests.chat_templates import STYLES, add_chat_template
+from tests.conftest import REPO
+from tests.tiny import make_decoder
+from tools.smollm2 import DEFAULT as SMOLLM2_CHECKPOINT
 
 # Each style on a family whose tokenizer it suits: SmolLM2 is a llama (whose tiny tokenizer adds <s> to plain
 # text, which a chat must not get), Qwen2.5 a qwen2, Gemma's template writes the BOS itself.
@@ -153,7 +152,7 @@ def chat_artifact(chat_checkpoints, texts_file, tmp_path_factory) -> Path:
         validation=texts_file,
         calibration=texts_file,
     )
-    return Path(manifest.published["path"])
+    return Path(manifest.published.path)
 
 
 def test_generate_messages_equals_transformers_generate_on_apply_chat_template_ids(chat_artifact, chat_checkpoints):
@@ -281,7 +280,7 @@ def test_render_chats_with_tools_equals_transformers_and_holds_each_tools_json(c
 
 
 def test_render_chats_refuses_tools_where_the_template_does_not_use_them():
-    from ..chat_templates import QWEN2, SMOLLM2
+    from tests.chat_templates import QWEN2, SMOLLM2
 
     smollm2 = {"chat_template": {"template": SMOLLM2, "special_tokens": {}}}
     with pytest.raises(InputError, match="the artifact's chat template does not use tools") as err:

@@ -12,9 +12,8 @@ from pipeline.errors import InputError
 from pipeline.runtime import load
 from pipeline.runtime.continuous import ContinuousBatcher
 from pipeline.runtime.kv_cache import Decoding
-
-from ..conftest import SMALL_TEXTS
-from .test_kv_cache import fp32_decoder
+from tests.conftest import SMALL_TEXTS
+from tests.runtime.test_kv_cache import fp32_decoder
 
 # Prompts of 2 to about 100 tokens: several are longer than the chunks the tests prefill.
 PROMPTS = SMALL_TEXTS + [" ".join(SMALL_TEXTS[i : i + 3]) for i in range(4)]

@@ -8,9 +8,8 @@ import transformers
 
 from pipeline.errors import InputError
 from pipeline.runtime import load
-
-from ..conftest import _publish, write_target
-from ..tiny import make_checkpoint
+from tests.conftest import _publish, write_target
+from tests.tiny import make_checkpoint
 
 QUESTION = "Which word comes after the river?"
 WORDS = (

@@ -12,8 +12,7 @@ from pipeline.errors import InputError
 from pipeline.runtime import load
 from pipeline.runtime.generation import Generator, Token, position_ids
 from pipeline.runtime.sampling import Detokenizer, Sampling, choose_tokens
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +118,7 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(tiny_gpt2, t
         validation=texts_file,
         calibration=texts_file,
     )
-    fp32 = load(manifest.published["path"])
+    fp32 = load(manifest.published.path)
     together = fp32.generate(SMALL_TEXTS, max_new_tokens=16, batch_size=len(SMALL_TEXTS))
     alone = [fp32.generate([p], max_new_tokens=16)[0] for p in SMALL_TEXTS]
     assert [c.token_ids for c in together] == [c.token_ids for c in alone]
@@ -471,7 +470,7 @@ def fp32_model(tiny_gpt2, texts_file, tmp_path_factory) -> Generator:
         artifacts_dir=root / "a",
         cache_dir=root / "c",
     )
-    return load(manifest.published["path"])
+    return load(manifest.published.path)
 
 
 def test_teacher_forced_logits_equal_transformers_along_each_continuation_batched_with_left_padding(fp32_model, hf):

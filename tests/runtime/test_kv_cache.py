@@ -7,9 +7,8 @@ import transformers
 
 from pipeline.runtime import load
 from pipeline.runtime.kv_cache import Decoding
-
-from ..conftest import SMALL_TEXTS
-from ..tiny import make_decoder
+from tests.conftest import SMALL_TEXTS
+from tests.tiny import make_decoder
 
 
 def fp32_decoder(root, model_type: str, texts_file, **config):
@@ -25,7 +24,7 @@ def fp32_decoder(root, model_type: str, texts_file, **config):
         artifacts_dir=root / "a",
         cache_dir=root / "c",
     )
-    return folder, manifest.published["path"]
+    return folder, manifest.published.path
 
 
 def _fp32_build(root, model_type: str, texts_file, **config):

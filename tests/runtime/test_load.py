@@ -11,9 +11,8 @@ import pytest
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.runtime import HostMismatchWarning, cpu_flags, load, verify_artifact
-
-from ..conftest import REPO, SMALL_TEXTS, _publish, edit_manifest, write_target
-from ..tiny import make_decoder
+from tests.conftest import REPO, SMALL_TEXTS, _publish, edit_manifest, write_target
+from tests.tiny import make_decoder
 
 
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])

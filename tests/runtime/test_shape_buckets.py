@@ -11,9 +11,8 @@ from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest, verify_artifact
 from pipeline.runtime.encoder import padded_width
 from pipeline.runtime.load import open_model
-
-from ..conftest import SMALL_TEXTS, _publish
-from ..tiny import make_checkpoint
+from tests.conftest import SMALL_TEXTS, _publish
+from tests.tiny import make_checkpoint
 
 PLAN = [8, 16, 24, 128]
 

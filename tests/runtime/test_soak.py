@@ -9,8 +9,7 @@ import psutil
 import pytest
 
 from pipeline.runtime import load
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("PIPELINE_SOAK_SECONDS", "60"))

@@ -12,8 +12,7 @@ from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.host import usable_cores
 from pipeline.runtime.load import open_model
 from pipeline.runtime.streams import StreamPool, chunk_cost, chunk_plan
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 
 def test_chunk_plan_splits_the_costliest_chunk_in_halves_until_there_is_one_per_stream():

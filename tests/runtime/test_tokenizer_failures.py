@@ -3,8 +3,7 @@ import pytest
 from pipeline.errors import InputError
 from pipeline.runtime import load
 from pipeline.runtime.text import encode_batch
-
-from .backtracking import PANICS, backtracking_tokenizer
+from tests.runtime.backtracking import PANICS, backtracking_tokenizer
 
 
 def test_the_backtracking_split_panics_in_the_tokenizers_library(published):

@@ -13,9 +13,8 @@ import pytest
 
 from pipeline.serving import openai_api
 from pipeline.serving.openai_api import CHAT, COMPLETIONS, EMBEDDINGS, APIError, Served, parse_generation
-
-from ..chat_templates import add_chat_template
-from ..tiny import make_decoder
+from tests.chat_templates import add_chat_template
+from tests.tiny import make_decoder
 
 DECODER = Served("tiny-gpt2/v1", "text-generation", 128, 0)
 ENCODER = Served("tiny-bert/v1", "feature-extraction", 128, 0)
@@ -240,7 +239,7 @@ def chat_decoder(root: Path, model_type: str, style: str, texts_file) -> Path:
         validation=texts_file,
         calibration=texts_file,
     )
-    return Path(manifest.published["path"])
+    return Path(manifest.published.path)
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +339,7 @@ def test_sixteen_concurrent_streaming_chats_each_get_the_text_they_get_alone(cli
     from concurrent.futures import ThreadPoolExecutor
 
     from pipeline.runtime import load
-
-    from ..conftest import SMALL_TEXTS
+    from tests.conftest import SMALL_TEXTS
 
     model = load(chat_gpt2)
     assert model.spec["cache"] == "shared"  # the replica batches its requests continuously

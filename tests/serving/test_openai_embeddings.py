@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from pipeline.runtime import load
-
-from ..conftest import SMALL_TEXTS
+from tests.conftest import SMALL_TEXTS
 
 openai = pytest.importorskip("openai", reason="the openai client is in the `dev` extra")
 pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")

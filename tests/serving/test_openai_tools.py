@@ -220,7 +220,7 @@ openai = pytest.importorskip("openai", reason="the openai client is in the `dev`
 
 @pytest.fixture(scope="module")
 def tools_llama(texts_file, tmp_path_factory) -> Path:
-    from .test_openai_api import chat_decoder
+    from tests.serving.test_openai_api import chat_decoder
 
     return chat_decoder(tmp_path_factory.mktemp("openai-tools"), "llama", "qwen2", texts_file)
 

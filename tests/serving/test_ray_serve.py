@@ -18,9 +18,8 @@ from pipeline.runtime import load
 from pipeline.runtime.artifact import manifest_digest
 from pipeline.serving import ray_local, ray_serve
 from pipeline.serving.triton_server import free_port
-
-from ..conftest import SMALL_TEXTS
-from ..runtime.backtracking import PANICS, add_backtracking_split
+from tests.conftest import SMALL_TEXTS
+from tests.runtime.backtracking import PANICS, add_backtracking_split
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
 

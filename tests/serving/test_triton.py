@@ -12,8 +12,7 @@ from pipeline.errors import InputError, ServingError
 from pipeline.runtime import load, verify_artifact
 from pipeline.serving.triton import check_config, check_kind, config_text, repository_from_artifact
 from pipeline.serving.triton_server import LocalTriton
-
-from ..conftest import SMALL_TEXTS, TRITON_ENV, needs_triton
+from tests.conftest import SMALL_TEXTS, TRITON_ENV, needs_triton
 
 pytest.importorskip("tritonclient.grpc", reason="the Triton schema check needs tritonclient (the dev extra)")
 import tritonclient.http as triton_http  # noqa: E402
@@ -149,7 +148,7 @@ def test_live_triton_serves_the_python_variant_with_dynamic_batching(published_f
 @pytest.mark.slow  # a live tritonserver
 @needs_server
 def test_live_triton_answers_each_request_alone_when_one_fails_the_batch(artifact_copy, tmp_path):
-    from ..conftest import edit_manifest
+    from tests.conftest import edit_manifest
 
     edit_manifest(artifact_copy, lambda m: m["model"].update(overlong="refuse"))
     repository_from_artifact(artifact_copy, tmp_path / "repo", variants=("python",), python_env=str(TRITON_ENV))
@@ -206,7 +205,7 @@ def test_a_tensorrt_export_copies_only_verified_engines_and_refuses_a_changed_pl
     from pipeline.runtime.engine_cache import engine_cache_dir, engine_name, write_engine
 
     manifest = build(tiny_bert, "a100", validation=texts_file, calibration=texts_file, **build_dirs)
-    artifact = Path(manifest.published["path"])
+    artifact = Path(manifest.published.path)
     published = verify_artifact(artifact)
     cache, graph = engine_cache_dir(artifact, published), published["graph"]
     record = {"graph": graph, "graph_sha256": published["files"][graph], "tensorrt": "10.3.0"}
@@ -238,8 +237,7 @@ def test_export_copies_a_graphs_external_weights_beside_it(artifact_copy, tmp_pa
     import onnxruntime
 
     from pipeline.runtime.artifact import sha256_file
-
-    from ..conftest import edit_manifest
+    from tests.conftest import edit_manifest
 
     graph = onnx.load(artifact_copy / "model.onnx")
     onnx.save_model(graph, artifact_copy / "model.onnx", save_as_external_data=True, location="model.onnx.data")

@@ -6,8 +6,7 @@ from pipeline.errors import ServingError
 from pipeline.runtime import load, verify_artifact
 from pipeline.serving.triton import _graph_model, check_config, default_variants, repository_from_artifact
 from pipeline.serving.triton_settings import openvino_parameters
-
-from ..conftest import _publish, write_target
+from tests.conftest import _publish, write_target
 
 pytest.importorskip("tritonclient.grpc", reason="the Triton schema check needs tritonclient (the dev extra)")
 

@@ -25,7 +25,7 @@ from pipeline.build import faults
 from pipeline.build.cache import package_versions
 from pipeline.build.engine_cache import cache_built_engines
 from pipeline.build.inputs.targets import Target
-from pipeline.build.manifest import Manifest, runtime_spec
+from pipeline.build.manifest import Manifest, Published, runtime_spec
 from pipeline.build.store import (
     model_lock,
     model_root,
@@ -81,9 +81,9 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
     chosen = manifest.chosen()
     return {
         "files": {k: v for k, v in files.items() if k != REPORT},
-        "graph": chosen["graph"],
-        "backend": "tensorrt" if target.engine == "tensorrt" else chosen["backend"],
-        "precision": chosen["precision"] or target.precision,
+        "graph": chosen.graph,
+        "backend": "tensorrt" if target.engine == "tensorrt" else chosen.backend,
+        "precision": chosen.precision or target.precision,
         "model": runtime_spec(manifest, target),
         "engine": next((r.metrics for r in manifest.stages if r.name == "engine"), None),
         "target_spec": target.to_dict(),
@@ -198,7 +198,7 @@ def _write_staging(
         "backend": content["backend"],
         "model": _model_spec(manifest, content),
         "precision": content["precision"],
-        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen()["session"], **_tuned_session(manifest)},
+        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen().session, **_tuned_session(manifest)},
         "candidates": _candidates(manifest),
         "measured_on": measured_on(target),
         "engine": content["engine"],
@@ -263,13 +263,4 @@ def run(manifest: Manifest, target: Target) -> Manifest:
         ) from None
     path = root / version / target.name
     engines = cache_built_engines(manifest, path)
-    return dataclasses.replace(
-        manifest,
-        published={
-            "version": version,
-            "path": str(path),
-            "reused": reused,
-            "content_id": content_id,
-            "engines": engines,
-        },
-    )
+    return dataclasses.replace(manifest, published=Published(version, str(path), reused, content_id, engines))

@@ -89,8 +89,8 @@ def workloads(texts: list[str], batch: int) -> dict:
 def _tune(manifest: Manifest, target: Target, config: TuneConfig, texts: list[str]) -> dict:
     spec = runtime_spec(manifest, target)
     chosen = manifest.chosen()
-    path = manifest.graphs()[chosen["graph"]]
-    base = {**dataclasses.asdict(target.runtime), **chosen["session"], "split_min_rows": config.split_min_rows}
+    path = manifest.graphs()[chosen.graph]
+    base = {**dataclasses.asdict(target.runtime), **chosen.session, "split_min_rows": config.split_min_rows}
     cores = usable_cores()
     tried = candidates(config, target.runtime.intra_op_threads, target.runtime.execution_mode, cores)
     preprocessor = manifest.preprocessor()[1]
@@ -171,7 +171,7 @@ def _bucket_choice(models: dict, texts: list[str], config: TuneConfig) -> dict:
 def run(manifest: Manifest, target: Target) -> Manifest:
     """Time the target's session candidates on this host and record the fastest (CPU targets on ONNX Runtime or
     OpenVINO)."""
-    backend = manifest.chosen()["backend"]
+    backend = manifest.chosen().backend
     two_graphs = TASKS[manifest.checkpoint.task].family in ENCODER_DECODER_FAMILIES  # one token a step: not tuned
     if target.device != "cpu" or backend not in BACKENDS or two_graphs:
         return manifest

@@ -89,8 +89,8 @@ def _validate(manifest: Manifest, target: Target, texts: list[str]) -> dict:
     else:
         reference = pytorch_outputs(checkpoint, texts)
     chosen = manifest.chosen()
-    graph = manifest.last_model().output(chosen["graph"])
-    key = measurement_key(manifest, target, graph, chosen["backend"], chosen["session"], texts, metric)
+    graph = manifest.last_model().output(chosen.graph)
+    key = measurement_key(manifest, target, graph, chosen.backend, chosen.session, texts, metric)
     stats, reused = measured(
         key, lambda: measure(candidate, texts, reference, metric, target.shapes.batch_size, new_tokens)
     )

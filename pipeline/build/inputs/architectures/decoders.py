@@ -8,7 +8,7 @@ logit multipliers, Gemma 2's final logit softcapping, Qwen3/Gemma 3/OLMo2's q/k 
 
 Sliding windows: transformers lets a query at position p attend to keys p - sliding_window < k <= p
 (`sliding_window` keys, itself included). ONNX Runtime 1.32's CPU kernel, measured on a 40-token prompt with a
-window of 8 (tests/test_attention.py), matches that with local_window_size = sliding_window, and differs by
+window of 8 (tests/build/passes/test_attention.py), matches that with local_window_size = sliding_window, and differs by
 about 0.1 in the logits with sliding_window - 1 or + 1 (older kernels' source reads as `local_window_size` + 1
 keys: the test pins the behaviour of the installed one).
 """
