@@ -13,25 +13,21 @@ import re
 from pathlib import Path
 
 from pipeline.errors import ArtifactError
-from pipeline.runtime.schema import DATA_SUFFIX, DECODER_GRAPH, IMAGE_PROCESSOR, MANIFEST, REPORT, TEXT_GRAPH, TOKENIZER
+from pipeline.runtime.schema import (
+    DATA_SUFFIX,
+    DECODER_GRAPH,
+    IMAGE_PROCESSOR,
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    REPORT,
+    TEXT_GRAPH,
+    TOKENIZER,
+    PublishedManifest,
+)
 
 MANIFEST_NAME = MANIFEST
 REPORT_NAME = REPORT
 TOKENIZER_NAME = TOKENIZER
-MANIFEST_SCHEMA = 2
-_MANIFEST_FIELDS = {
-    "manifest_sha256": str,
-    "model_name": str,
-    "version": str,
-    "target": str,
-    "graph": str,
-    "backend": str,
-    "files": dict,
-    "model": dict,
-    "session": dict,
-    "target_spec": dict,
-    "host": dict,
-}
 TASKS = (
     "feature-extraction",
     "sequence-classification",
@@ -45,14 +41,6 @@ TASKS = (
     "automatic-speech-recognition",
     "text2text-generation",
 )
-# What `pipeline inspect` reads beside the loader's fields, where present: absent or of this kind.
-_OPTIONAL_FIELDS = {
-    "validation": (dict, type(None)),
-    "candidates": (list, type(None)),
-    "created_at": (str, type(None)),
-    "precision": (str, type(None)),
-    "source": (dict, type(None)),
-}
 _DECODER_FIELDS = ("past", "present", "eos_token_ids", "defaults")
 _MODEL_FIELDS = {"task": str, "output": str, "max_length": int, "pad_id": int, "batch_size": int, "overlong": str}
 
@@ -178,24 +166,10 @@ def _read_manifest(path: Path, root: Path) -> dict:
     if not manifest_path.is_file():
         raise ArtifactError(f"{path} has no {MANIFEST_NAME}: not a published artifact. {_where_artifacts_are(root)}")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        text = manifest_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
         raise ArtifactError(f"{manifest_path} is not valid JSON ({err}); the artifact is damaged, rebuild it") from None
-    except RecursionError:
-        raise ArtifactError(
-            f"{manifest_path} nests too deeply to be a manifest; the artifact is damaged, rebuild it"
-        ) from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
-        raise ArtifactError(
-            f"{manifest_path}: manifest schema {manifest.get('schema') if isinstance(manifest, dict) else None!r}, "
-            f"but this loader reads schema {MANIFEST_SCHEMA}; rebuild the artifact with this version"
-        )
-    for key, kind in _MANIFEST_FIELDS.items():
-        if not isinstance(manifest.get(key), kind):
-            raise ArtifactError(f"{manifest_path}: field {key!r} is missing or not a {kind.__name__}; rebuild it")
-    for key, kinds in _OPTIONAL_FIELDS.items():
-        if not isinstance(manifest.get(key), kinds):
-            raise ArtifactError(f"{manifest_path}: field {key!r} is a {type(manifest[key]).__name__}; rebuild it")
+    manifest = PublishedManifest.from_json(text, str(manifest_path)).to_dict()
     for key, kind in _MODEL_FIELDS.items():
         if not isinstance(manifest["model"].get(key), kind) or isinstance(manifest["model"].get(key), bool):
             raise ArtifactError(f"{manifest_path}: model.{key} is missing or not a {kind.__name__}; rebuild it")

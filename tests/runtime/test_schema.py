@@ -1,11 +1,16 @@
-"""The artifact's file names are declared once, in pipeline/runtime/schema.py: no other module of the pipeline
-spells one as a string of its own."""
+"""The artifact is declared once, in pipeline/runtime/schema.py: its file names (no other module of the pipeline
+spells one as a string of its own) and its manifest (what publish writes is exactly what the loader parses)."""
 
 import ast
+import dataclasses
 import io
+import json
 import tokenize
 from pathlib import Path
 
+import pytest
+
+from pipeline.errors import ArtifactError
 from pipeline.runtime import schema
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
@@ -40,3 +45,29 @@ def test_the_spelling_check_finds_a_file_name_in_code(tmp_path):
         assert spelled_names(probe) == ["runtime/_probe_for_test.py:2: model.onnx"]
     finally:
         probe.unlink()
+
+
+def test_a_published_manifest_holds_the_declared_fields_and_parses_back_byte_for_byte(published):
+    text = (published / schema.MANIFEST).read_text()
+    parsed = schema.PublishedManifest.from_json(text, "manifest.json")
+    assert parsed.to_json() == text
+    assert set(json.loads(text)) == {f.name for f in dataclasses.fields(schema.PublishedManifest)}
+    assert parsed.files[schema.GRAPH] and parsed.model["task"] == "feature-extraction"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"extra": 1}, "field 'extra' is not one this loader knows"),
+        ({"files": []}, "field 'files' is a list, not a dict; rebuild it"),
+        ({"precision": 16}, "field 'precision' is a int, not a str or null"),
+        ({"schema": 1}, "manifest schema 1, but this loader reads schema 2"),
+        ({"graph": None}, "field 'graph' is missing"),
+    ],
+)
+def test_a_manifest_field_that_is_undeclared_mistyped_or_missing_is_refused_in_one_line(published, change, message):
+    fields = json.loads((published / schema.MANIFEST).read_text()) | change
+    fields = {k: v for k, v in fields.items() if not (k == "graph" and v is None)}
+    with pytest.raises(ArtifactError, match=message) as err:
+        schema.PublishedManifest.from_dict(fields, "manifest.json")
+    assert "\n" not in str(err.value)

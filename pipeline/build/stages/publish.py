@@ -39,14 +39,13 @@ from pipeline.build.timing import COST
 from pipeline.errors import ArtifactError
 from pipeline.runtime.artifact import (
     MANIFEST_NAME,
-    MANIFEST_SCHEMA,
     canonical_json,
     manifest_digest,
     sha256_file,
     verify_artifact,
 )
 from pipeline.runtime.host import describe_host, kernel_class
-from pipeline.runtime.schema import REPORT
+from pipeline.runtime.schema import REPORT, PublishedManifest
 
 PACKAGES = (
     "torch",
@@ -186,32 +185,31 @@ def _write_staging(
     }
     (staging / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     files[REPORT] = sha256_file(staging / REPORT)
-    published = {
-        "schema": MANIFEST_SCHEMA,
-        "model_name": manifest.model_name,
-        "version": version,
-        "target": target.name,
-        "content_id": hashlib.sha256(canonical_json(content)).hexdigest(),
-        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "files": files,
-        "graph": content["graph"],
-        "backend": content["backend"],
-        "model": _model_spec(manifest, content),
-        "precision": content["precision"],
-        "session": {**dataclasses.asdict(target.runtime), **manifest.chosen().session, **_tuned_session(manifest)},
-        "candidates": _candidates(manifest),
-        "measured_on": measured_on(target),
-        "engine": content["engine"],
-        "target_spec": content["target_spec"],
-        "source": {k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
-        "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
-        "validation": {k: v for k, v in manifest.stage("validate").metrics.items() if k != "speed"},
-        "packages": _package_versions(),
-        "host": _host(),
-        "reused_stages": [r.name for r in manifest.stages if r.reused],
-    }
-    published["manifest_sha256"] = manifest_digest(published)
-    (staging / MANIFEST_NAME).write_text(json.dumps(published, indent=1, sort_keys=True))
+    published = PublishedManifest(
+        model_name=manifest.model_name,
+        version=version,
+        target=target.name,
+        content_id=hashlib.sha256(canonical_json(content)).hexdigest(),
+        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        files=files,
+        graph=content["graph"],
+        backend=content["backend"],
+        model=_model_spec(manifest, content),
+        precision=content["precision"],
+        session={**dataclasses.asdict(target.runtime), **manifest.chosen().session, **_tuned_session(manifest)},
+        candidates=_candidates(manifest),
+        measured_on=measured_on(target),
+        engine=content["engine"],
+        target_spec=content["target_spec"],
+        source={k: v for k, v in dataclasses.asdict(manifest.checkpoint).items() if k != "config"},
+        stages={r.name: {"key": r.key, "config": r.config} for r in manifest.stages},
+        validation={k: v for k, v in manifest.stage("validate").metrics.items() if k != "speed"},
+        packages=_package_versions(),
+        host=_host(),
+        reused_stages=[r.name for r in manifest.stages if r.reused],
+    )
+    published = dataclasses.replace(published, manifest_sha256=manifest_digest(published.to_dict()))
+    (staging / MANIFEST_NAME).write_text(published.to_json())
     for file in staging.iterdir():
         with open(file, "rb") as handle:
             os.fsync(handle.fileno())
