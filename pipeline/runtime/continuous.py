@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
 import queue
 import threading
 import time
@@ -38,6 +37,7 @@ from pipeline.runtime.chat import chat_prompts
 from pipeline.runtime.generation import SETTINGS, Completion, Token, token_event
 from pipeline.runtime.kv_cache import SlotCache
 from pipeline.runtime.sampling import Detokenizer, choose_tokens, is_int
+from pipeline.runtime.slot_pool import SlotPool
 from pipeline.runtime.text import FATAL
 
 MAX_SLOTS = 256
@@ -47,9 +47,10 @@ _END = object()
 @dataclasses.dataclass(frozen=True)
 class Stats:
     """Counters of a batcher's engine since it started: requests submitted, admitted into a slot while others were
-    decoding (`joined_running`), finished, cancelled and failed; prompt chunks run (`prefill_chunks`), decode steps,
-    and the most requests one decode step ran together (`most_decoding`); the tokens decode steps made
-    (`decoded_tokens`) and the seconds spent in prefill and decode runs."""
+        decoding (`joined_running`), finished, cancelled and failed; prompt chunks run (`prefill_chunks`), decode steps,
+        and the most requests one decode step ran together (`most_decoding`); the tokens decode steps made
+        (`decoded_tokens`), the seconds spent in prefill and decode runs, and the requests whose prompt began with a free
+    slot's cached tokens (`prefix_hits`, with the prompt tokens they did not run: `prefix_tokens`)."""
 
     submitted: int = 0
     joined_running: int = 0
@@ -60,6 +61,8 @@ class Stats:
     decode_steps: int = 0
     most_decoding: int = 0
     decoded_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
@@ -171,7 +174,7 @@ class ContinuousBatcher:
         self.cache = SlotCache(model, slots, self.capacity) if self.continuous else None
         vocab = model.session.get_outputs()[0].shape[-1]
         self.vocab = vocab if isinstance(vocab, int) else model.tokenizer.get_vocab_size()
-        self._free = list(range(slots))  # a heap: the lowest free slot first keeps busy slots in a short block
+        self._slots = SlotPool(slots, self.capacity)
         self._pending: collections.deque = collections.deque()
         self._running: list[_Running] = []
         # Every key from the start: stats() copies it from another thread, and a new key would change its size.
@@ -323,7 +326,11 @@ class ContinuousBatcher:
         rng = np.random.default_rng(None if request.seed is None else [request.seed, request.index])
         sampling = request.sampling
         detokenizer = Detokenizer(self.model.tokenizer, list(request.prompt_ids), sampling.stop)
-        running = _Running(request, heapq.heappop(self._free), rng, detokenizer, list(request.prompt_ids))
+        slot, reused = self._slots.take(request.prompt_ids)
+        running = _Running(request, slot, rng, detokenizer, list(request.prompt_ids), filled=reused)
+        if reused:
+            self._counts["prefix_hits"] += 1
+            self._counts["prefix_tokens"] += reused
         if not self.continuous:
             rows = [list(request.prompt_ids)]
             running.events = self.model._stream_batch(rows, [request.index], sampling, [rng], True)
@@ -371,7 +378,7 @@ class ContinuousBatcher:
             return
         rows = max(r.slot for r in self._running) + 1
         ids = np.full((rows, 1), self.model.pad_id, dtype=np.int64)
-        lengths = np.ones(rows, dtype=np.int64)
+        lengths = np.array([self._slots.padding_length(slot) for slot in range(rows)], dtype=np.int64)
         for running in self._running:
             lengths[running.slot] = running.filled + 1
         for running in decoding:
@@ -406,11 +413,14 @@ class ContinuousBatcher:
 
     def _fail(self, running: _Running, err: BaseException) -> None:
         self._counts["failed"] += 1
-        self._leave(running, err)
+        self._leave(running, err, cached=False)
 
-    def _leave(self, running: _Running, last) -> None:
+    def _leave(self, running: _Running, last, cached: bool = True) -> None:
+        """Free a request's slot and send its last event. Unless a run failed, the slot keeps the cache of the
+        tokens every step has fed (all but the last chosen token) for a later prompt that starts with them."""
         self._running.remove(running)
-        heapq.heappush(self._free, running.slot)
+        held = running.filled if running.next_token is None else len(running.context) - 1
+        self._slots.give_back(running.slot, running.context[:held] if cached and self.continuous else None)
         running.request._events.put(last)
 
     def _refuse_the_rest(self) -> None:
