@@ -48,7 +48,12 @@ from pipeline.serving.openai_api import (
     parse_embeddings,
     parse_generation,
 )
-from pipeline.serving.ray_local import local_ray_environment, ray_init, remove_private_temp_dir
+from pipeline.serving.ray_local import (
+    bind_replica_grpc_to_node_ip,
+    local_ray_environment,
+    ray_init,
+    remove_private_temp_dir,
+)
 from pipeline.serving.requests import (
     BODY_TIMEOUT_S,
     MAX_BODY_BYTES,
@@ -100,36 +105,6 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             f"no Ray cluster answers at {address} ({err.strerror or err} within {timeout_s:.0f} s); start one with "
             "`ray start --head` or check the address"
         ) from None
-
-
-def bind_replica_grpc_to_node_ip() -> None:
-    """Make this replica's inter-deployment gRPC server listen on the node's IP (127.0.0.1 for a local instance)
-    rather than on every interface. Call it in the replica before Ray starts that server.
-
-    Ray 2.60 binds that server to [::]:0, with no setting to change it, and its handler unpickles request
-    metadata: reachable from the network, one request runs code on the host. Peers dial it at the node's IP,
-    which is the address it keeps here; Ray's TLS (RAY_USE_TLS) still applies, as Ray's own helper binds it."""
-    import ray
-    from ray.serve._private import replica
-
-    bind = getattr(replica, "add_port_to_grpc_server", None)
-    if bind is None:
-        raise ServingError(
-            f"Ray {ray.__version__} no longer binds the replica's gRPC server where pipeline keeps it on the "
-            "node's IP; install the Ray of the `serve` extra (pip install 'pipeline[serve]')"
-        )
-    if getattr(bind, "pipeline_node_ip", False):
-        return
-    host = ray.util.get_node_ip_address()
-    host = f"[{host}]" if ":" in host else host
-
-    def on_node_ip(server, address: str):
-        if address.startswith(("[::]:", "0.0.0.0:")):
-            address = f"{host}:{address.rsplit(':', 1)[1]}"
-        return bind(server, address)
-
-    on_node_ip.pipeline_node_ip = True
-    replica.add_port_to_grpc_server = on_node_ip
 
 
 def _first_line(err: BaseException) -> str:
