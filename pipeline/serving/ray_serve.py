@@ -11,6 +11,7 @@ panic is no Exception), is retried request by request: only the request at fault
 
 Paths under /v1/ are OpenAI's API (models, chat and text completions, embeddings): pipeline.serving.openai_api
 checks them and builds the answers, pipeline.serving.openai_routes runs them; refusals there take OpenAI's shape.
+Each replica records Prometheus metrics of what it answers (pipeline.serving.metrics).
 
 Ray's proxy hands a request to a replica once its headers are in; the replica pulls the body from the proxy as
 it comes, holding one of its `max_ongoing_requests`. So reads are bounded in time (`body_timeout_s`) and number
@@ -38,6 +39,7 @@ from urllib.parse import urlparse
 
 from pipeline.errors import InputError, ServingError
 from pipeline.serving import openai_routes
+from pipeline.serving.metrics import Metrics, artifact_tags, export_url
 from pipeline.serving.openai_api import (
     EMBEDDINGS,
     MODELS,
@@ -133,7 +135,7 @@ def _deployment():
         """One replica: the artifact loaded once, requests batched across callers."""
 
         def __init__(
-            self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict
+            self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict, tags
         ):
             from pipeline.runtime import load
 
@@ -151,6 +153,7 @@ def _deployment():
             self.waiting = (
                 ThreadPoolExecutor(max_workers=64, thread_name_prefix="openai-wait") if self.batcher else None
             )
+            self.metrics = Metrics(tags, self.batcher)
             self.batched.set_max_batch_size(max_batch_size)
             self.batched.set_batch_wait_timeout_s(wait_s)
 
@@ -238,12 +241,13 @@ def _deployment():
                         return self.failed(vectors, api_error)
                     return openai_routes.embeddings(self.model, self.served, parsed, vectors)
                 parsed = parse_generation(route, body, self.served, self.limits["max_texts"])
+                timing = self.metrics.timing(route)
                 if parsed.stream:
                     chunks = await asyncio.to_thread(
-                        openai_routes.start_stream, self.model, self.served, parsed, self.batcher
+                        openai_routes.start_stream, self.model, self.served, parsed, self.batcher, timing
                     )
                     return StreamingResponse(chunks, media_type="text/event-stream")
-                run = functools.partial(openai_routes.generate, self.model, self.served, parsed, self.batcher)
+                run = functools.partial(openai_routes.generate, self.model, self.served, parsed, self.batcher, timing)
                 return await asyncio.get_running_loop().run_in_executor(self.waiting, run)
             except fatal:
                 raise
@@ -253,6 +257,11 @@ def _deployment():
                 return self.failed(err, api_error)
 
         async def __call__(self, request: Request):
+            answer = await self.answer(request)
+            self.metrics.answered(request.url.path, answer)
+            return answer
+
+        async def answer(self, request: Request):
             if request.url.path == "/v1" or request.url.path.startswith("/v1/"):
                 return await self.openai(request)
             if request.method != "POST":
@@ -327,7 +336,9 @@ def deploy(
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(
-            replica.bind(str(artifact), served, threads, batch, wait_ms / 1000, limits), name=APP, route_prefix=ROUTE
+            replica.bind(str(artifact), served, threads, batch, wait_ms / 1000, limits, artifact_tags(manifest)),
+            name=APP,
+            route_prefix=ROUTE,
         )
     except RuntimeError as err:
         raise ServingError(f"Ray Serve could not deploy {artifact}: {str(err).splitlines()[0]}") from None
@@ -373,7 +384,8 @@ def serve_forever(artifact, **options) -> None:
         for stop in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(stop, _interrupt)
         where = f" on each node of the cluster at {options['address']}" if options.get("address") else ""
-        click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}); Ctrl-C stops")
+        metrics = f"; Prometheus metrics at {export_url()}" if not options.get("address") else ""
+        click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}){metrics}; Ctrl-C stops")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
