@@ -6,8 +6,9 @@ is served by Ray's proxy on a loopback port. The request is a POST of JSON `{"te
 `{"outputs": [...]}` (text-to-text).
 A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 for a body over `max_body_bytes`,
 408 for one not in within `body_timeout_s`, 405 for any method but POST, 503 while a replica already reads
-`max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
-panic is no Exception), is retried request by request: only the request at fault gets its error.
+`max_body_reads` bodies or its continuous batcher's queue is full, 500 for a model failure. A batch that fails, on
+whatever it raises (a tokenizer's Rust panic is no Exception), is retried request by request: only the request at
+fault gets its error.
 
 Paths under /v1/ are OpenAI's API (models, chat and text completions, embeddings): pipeline.serving.openai_api
 checks them and builds the answers, pipeline.serving.openai_routes runs them; refusals there take OpenAI's shape.
@@ -37,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-from pipeline.errors import InputError, ServingError
+from pipeline.errors import InputError, OverloadedError, ServingError
 from pipeline.serving import openai_routes
 from pipeline.serving.metrics import Metrics, artifact_tags, export_url
 from pipeline.serving.openai_api import (
@@ -217,9 +218,12 @@ def _deployment():
                 self.reading -= 1
 
         def failed(self, err: BaseException, respond=error) -> JSONResponse:
-            """The answer to a request the model failed on: 400 for its input, else 500 (logged)."""
+            """The answer to a request the model failed on: 400 for its input, 503 while the continuous batcher's
+            queue is full, else 500 (logged)."""
             if isinstance(err, InputError):
                 return respond(400, err)
+            if isinstance(err, OverloadedError):
+                return respond(503, err, {"Retry-After": "1"})
             why = f"{type(err).__name__}: {_first_line(err)}"
             logging.getLogger("ray.serve").error("a request failed (%s)", why, exc_info=err)
             return respond(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))

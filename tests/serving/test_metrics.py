@@ -19,6 +19,7 @@ REQUESTS = "ray_pipeline_requests_total"
 PROMPT, COMPLETION = "ray_pipeline_prompt_tokens_total", "ray_pipeline_completion_tokens_total"
 TTFT, ITL = "ray_pipeline_time_to_first_token_seconds", "ray_pipeline_inter_token_latency_seconds"
 WAITING, RUNNING = "ray_pipeline_waiting_requests", "ray_pipeline_running_requests"
+MANY = 600  # prompts in one completion: over a replica's 16 batcher slots and the 256 requests its queue holds
 
 
 def test_route_of_bounds_the_route_tag_to_the_served_routes():
@@ -45,7 +46,7 @@ def served(artifact):
     with pytest.MonkeyPatch.context() as env:
         # Ray's processes report metrics every 10 s by default; they inherit this from the instance deploy starts.
         env.setenv("RAY_metrics_report_interval_ms", "500")
-        url = ray_serve.deploy(artifact, port=free_port(), max_texts=4)
+        url = ray_serve.deploy(artifact, port=free_port(), max_texts=MANY)
     try:
         yield url, metrics.export_url()
     finally:
@@ -126,3 +127,23 @@ def test_requests_tokens_and_token_latencies_are_exported_labelled_with_the_arti
     # The replica has a continuous batcher: its queue and slots are sampled, and are empty once the answers are in.
     assert [_value(after, gauge, **tags) for gauge in (WAITING, RUNNING)] == [0, 0]
     assert {s.name for s in after} >= {WAITING, RUNNING}
+
+
+@pytest.mark.slow  # a live Ray Serve deployment
+def test_a_full_batcher_queue_is_a_503_in_openai_shape_and_counted(served, artifact):
+    url, scrape = served
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    tags = {"model": manifest["model_name"], "version": manifest["version"], "target": manifest["target"]}
+    labels = tags | {"route": "/v1/completions", "status": "503"}
+    before = _value(_scrape(scrape), REQUESTS, **labels)
+    client = openai.OpenAI(base_url=url + "v1", api_key="none", max_retries=0, timeout=120)
+    with pytest.raises(openai.InternalServerError) as err:
+        client.completions.create(model=openai.omit, prompt=["Once upon a time"] * MANY, max_tokens=50)
+    assert err.value.status_code == 503 and err.value.response.headers["Retry-After"] == "1"
+    assert err.value.body["type"] == "server_error" and "queue is full" in err.value.body["message"]
+    again = client.completions.create(model=openai.omit, prompt="Once upon a time", max_tokens=2)
+    assert again.choices[0].finish_reason in ("stop", "length")  # the refused prompts left their slots
+    deadline = time.monotonic() + 60
+    while _value(_scrape(scrape), REQUESTS, **labels) == before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _value(_scrape(scrape), REQUESTS, **labels) == before + 1
