@@ -67,8 +67,8 @@ class Metrics:
         self.running = Gauge("pipeline_running_requests", "Requests in a continuous batcher slot.", keys)
         for metric in (self.requests, self.prompt_tokens, self.completion_tokens, self.first_token, self.inter_token):
             metric.set_default_tags(dict(tags))
-        for gauge in (self.waiting, self.running):
-            gauge.set_default_tags(dict(tags))
+        self.waiting.set_default_tags(dict(tags))
+        self.running.set_default_tags(dict(tags))
         if batcher is not None:
             threading.Thread(target=self._sample, args=(batcher,), name="pipeline-metrics", daemon=True).start()
 

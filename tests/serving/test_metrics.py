@@ -8,8 +8,7 @@ import urllib.request
 import pytest
 
 from pipeline.serving import metrics
-
-from .test_openai_api import CONVERSATION, chat_decoder
+from tests.serving.test_openai_api import CONVERSATION, chat_decoder
 
 openai = pytest.importorskip("openai", reason="the openai client is in the `dev` extra")
 pytest.importorskip("ray.serve", reason="Ray Serve is the `serve` extra")
