@@ -189,6 +189,11 @@ class ContinuousBatcher:
         """The engine's counters now."""
         return Stats(**self._counts)
 
+    @property
+    def queue(self) -> tuple[int, int]:
+        """Requests waiting for a slot, and requests in a slot, now (read from any thread)."""
+        return len(self._pending), len(self._running)
+
     def submit(
         self, prompt=None, *, messages=None, tools=None, seed: int | None = None, index: int = 0, **settings
     ) -> Request:

@@ -97,15 +97,19 @@ def _identity(request: GenerationRequest) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
 
-def generate(model, served: Served, request: GenerationRequest, batcher=None) -> dict:
+def generate(model, served: Served, request: GenerationRequest, batcher=None, timing=None) -> dict:
     """The whole answer of a request that is not streamed (through `batcher` where there is one). Raises
-    InputError for a request the model refuses."""
+    InputError for a request the model refuses. `timing` (pipeline.serving.metrics.Timing) times the tokens of
+    its first prompt as the batcher makes them."""
     prompts, settings, prompt_tokens = _prepared(model, request)
     if batcher is None:
         completions = model.generate(prompts, seed=request.seed, **settings)
     else:
         requests = _submitted(batcher, request, settings)
         try:
+            # The other prompts' tokens queue up meanwhile: read in turn, their gaps would not be the engine's.
+            for _ in timing.timed(requests[0]) if timing else ():
+                pass
             completions = [r.result() for r in requests]
         finally:
             for r in requests:
@@ -113,15 +117,17 @@ def generate(model, served: Served, request: GenerationRequest, batcher=None) ->
     return generation_answer(request, served, *_identity(request), completions, prompt_tokens)
 
 
-def start_stream(model, served: Served, request: GenerationRequest, batcher=None) -> Iterator[bytes]:
+def start_stream(model, served: Served, request: GenerationRequest, batcher=None, timing=None) -> Iterator[bytes]:
     """The server-sent events of a streamed request (through `batcher` where there is one). The request is checked
     here, before the first event (an InputError for one the model refuses); a failure while streaming ends the
-    stream with an error event."""
+    stream with an error event. `timing` (pipeline.serving.metrics.Timing) times its tokens and counts them."""
     prompts, settings, prompt_tokens = _prepared(model, request)
     if batcher is None:
         events = model.stream(prompts, seed=request.seed, **settings)
     else:
         events = _events(_submitted(batcher, request, settings))
+    if timing is not None:
+        events = timing.timed(events, prompt_tokens)
     chunks = stream_chunks(request, served, *_identity(request), events, prompt_tokens)
     return _guarded(chunks)
 

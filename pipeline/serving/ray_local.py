@@ -5,7 +5,8 @@ session folders Ray makes world-writable and whose logs world-readable.
 
 The token lives in the process's environment only while ray.init starts the instance, which hands it to each
 process it starts; Ray keeps it cached in this process afterwards, so it is taken out of os.environ again and
-no later child of the caller inherits it.
+no later child of the caller inherits it. Each replica keeps its inter-deployment gRPC server on the node's IP
+(bind_replica_grpc_to_node_ip).
 """
 
 from __future__ import annotations
@@ -83,3 +84,33 @@ def remove_private_temp_dir() -> None:
     folder, _STATE["temp_dir"] = _STATE["temp_dir"], None
     if folder and os.path.isdir(folder) and not os.path.islink(folder):
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def bind_replica_grpc_to_node_ip() -> None:
+    """Make this replica's inter-deployment gRPC server listen on the node's IP (127.0.0.1 for a local instance)
+    rather than on every interface. Call it in the replica before Ray starts that server.
+
+    Ray 2.60 binds that server to [::]:0, with no setting to change it, and its handler unpickles request
+    metadata: reachable from the network, one request runs code on the host. Peers dial it at the node's IP,
+    which is the address it keeps here; Ray's TLS (RAY_USE_TLS) still applies, as Ray's own helper binds it."""
+    import ray
+    from ray.serve._private import replica
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None:
+        raise ServingError(
+            f"Ray {ray.__version__} no longer binds the replica's gRPC server where pipeline keeps it on the "
+            "node's IP; install the Ray of the `serve` extra (pip install 'pipeline[serve]')"
+        )
+    if getattr(bind, "pipeline_node_ip", False):
+        return
+    host = ray.util.get_node_ip_address()
+    host = f"[{host}]" if ":" in host else host
+
+    def on_node_ip(server, address: str):
+        if address.startswith(("[::]:", "0.0.0.0:")):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return bind(server, address)
+
+    on_node_ip.pipeline_node_ip = True
+    replica.add_port_to_grpc_server = on_node_ip

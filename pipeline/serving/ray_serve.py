@@ -6,11 +6,13 @@ is served by Ray's proxy on a loopback port. The request is a POST of JSON `{"te
 `{"outputs": [...]}` (text-to-text).
 A bad request gets a one-line `{"error": ...}`: 400 for bad JSON or texts, 413 for a body over `max_body_bytes`,
 408 for one not in within `body_timeout_s`, 405 for any method but POST, 503 while a replica already reads
-`max_body_reads` bodies, 500 for a model failure. A batch that fails, on whatever it raises (a tokenizer's Rust
-panic is no Exception), is retried request by request: only the request at fault gets its error.
+`max_body_reads` bodies or its continuous batcher's queue is full, 500 for a model failure. A batch that fails, on
+whatever it raises (a tokenizer's Rust panic is no Exception), is retried request by request: only the request at
+fault gets its error.
 
 Paths under /v1/ are OpenAI's API (models, chat and text completions, embeddings): pipeline.serving.openai_api
 checks them and builds the answers, pipeline.serving.openai_routes runs them; refusals there take OpenAI's shape.
+Each replica records Prometheus metrics of what it answers (pipeline.serving.metrics).
 
 Ray's proxy hands a request to a replica once its headers are in; the replica pulls the body from the proxy as
 it comes, holding one of its `max_ongoing_requests`. So reads are bounded in time (`body_timeout_s`) and number
@@ -36,8 +38,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-from pipeline.errors import InputError, ServingError
+from pipeline.errors import InputError, OverloadedError, ServingError
 from pipeline.serving import openai_routes
+from pipeline.serving.metrics import Metrics, artifact_tags, export_url
 from pipeline.serving.openai_api import (
     EMBEDDINGS,
     MODELS,
@@ -48,7 +51,12 @@ from pipeline.serving.openai_api import (
     parse_embeddings,
     parse_generation,
 )
-from pipeline.serving.ray_local import local_ray_environment, ray_init, remove_private_temp_dir
+from pipeline.serving.ray_local import (
+    bind_replica_grpc_to_node_ip,
+    local_ray_environment,
+    ray_init,
+    remove_private_temp_dir,
+)
 from pipeline.serving.requests import (
     BODY_TIMEOUT_S,
     MAX_BODY_BYTES,
@@ -102,36 +110,6 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
-def bind_replica_grpc_to_node_ip() -> None:
-    """Make this replica's inter-deployment gRPC server listen on the node's IP (127.0.0.1 for a local instance)
-    rather than on every interface. Call it in the replica before Ray starts that server.
-
-    Ray 2.60 binds that server to [::]:0, with no setting to change it, and its handler unpickles request
-    metadata: reachable from the network, one request runs code on the host. Peers dial it at the node's IP,
-    which is the address it keeps here; Ray's TLS (RAY_USE_TLS) still applies, as Ray's own helper binds it."""
-    import ray
-    from ray.serve._private import replica
-
-    bind = getattr(replica, "add_port_to_grpc_server", None)
-    if bind is None:
-        raise ServingError(
-            f"Ray {ray.__version__} no longer binds the replica's gRPC server where pipeline keeps it on the "
-            "node's IP; install the Ray of the `serve` extra (pip install 'pipeline[serve]')"
-        )
-    if getattr(bind, "pipeline_node_ip", False):
-        return
-    host = ray.util.get_node_ip_address()
-    host = f"[{host}]" if ":" in host else host
-
-    def on_node_ip(server, address: str):
-        if address.startswith(("[::]:", "0.0.0.0:")):
-            address = f"{host}:{address.rsplit(':', 1)[1]}"
-        return bind(server, address)
-
-    on_node_ip.pipeline_node_ip = True
-    replica.add_port_to_grpc_server = on_node_ip
-
-
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0]
 
@@ -158,7 +136,7 @@ def _deployment():
         """One replica: the artifact loaded once, requests batched across callers."""
 
         def __init__(
-            self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict
+            self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict, tags
         ):
             from pipeline.runtime import load
 
@@ -176,6 +154,7 @@ def _deployment():
             self.waiting = (
                 ThreadPoolExecutor(max_workers=64, thread_name_prefix="openai-wait") if self.batcher else None
             )
+            self.metrics = Metrics(tags, self.batcher)
             self.batched.set_max_batch_size(max_batch_size)
             self.batched.set_batch_wait_timeout_s(wait_s)
 
@@ -239,9 +218,12 @@ def _deployment():
                 self.reading -= 1
 
         def failed(self, err: BaseException, respond=error) -> JSONResponse:
-            """The answer to a request the model failed on: 400 for its input, else 500 (logged)."""
+            """The answer to a request the model failed on: 400 for its input, 503 while the continuous batcher's
+            queue is full, else 500 (logged)."""
             if isinstance(err, InputError):
                 return respond(400, err)
+            if isinstance(err, OverloadedError):
+                return respond(503, err, {"Retry-After": "1"})
             why = f"{type(err).__name__}: {_first_line(err)}"
             logging.getLogger("ray.serve").error("a request failed (%s)", why, exc_info=err)
             return respond(500, ServingError(f"the model failed on this request ({why}); the replica keeps serving"))
@@ -263,12 +245,13 @@ def _deployment():
                         return self.failed(vectors, api_error)
                     return openai_routes.embeddings(self.model, self.served, parsed, vectors)
                 parsed = parse_generation(route, body, self.served, self.limits["max_texts"])
+                timing = self.metrics.timing(route)
                 if parsed.stream:
                     chunks = await asyncio.to_thread(
-                        openai_routes.start_stream, self.model, self.served, parsed, self.batcher
+                        openai_routes.start_stream, self.model, self.served, parsed, self.batcher, timing
                     )
                     return StreamingResponse(chunks, media_type="text/event-stream")
-                run = functools.partial(openai_routes.generate, self.model, self.served, parsed, self.batcher)
+                run = functools.partial(openai_routes.generate, self.model, self.served, parsed, self.batcher, timing)
                 return await asyncio.get_running_loop().run_in_executor(self.waiting, run)
             except fatal:
                 raise
@@ -278,6 +261,11 @@ def _deployment():
                 return self.failed(err, api_error)
 
         async def __call__(self, request: Request):
+            answer = await self.answer(request)
+            self.metrics.answered(request.url.path, answer)
+            return answer
+
+        async def answer(self, request: Request):
             if request.url.path == "/v1" or request.url.path.startswith("/v1/"):
                 return await self.openai(request)
             if request.method != "POST":
@@ -352,7 +340,9 @@ def deploy(
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(
-            replica.bind(str(artifact), served, threads, batch, wait_ms / 1000, limits), name=APP, route_prefix=ROUTE
+            replica.bind(str(artifact), served, threads, batch, wait_ms / 1000, limits, artifact_tags(manifest)),
+            name=APP,
+            route_prefix=ROUTE,
         )
     except RuntimeError as err:
         raise ServingError(f"Ray Serve could not deploy {artifact}: {str(err).splitlines()[0]}") from None
@@ -398,7 +388,8 @@ def serve_forever(artifact, **options) -> None:
         for stop in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(stop, _interrupt)
         where = f" on each node of the cluster at {options['address']}" if options.get("address") else ""
-        click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}); Ctrl-C stops")
+        metrics = f"; Prometheus metrics at {export_url()}" if not options.get("address") else ""
+        click.echo(f"serving {artifact} at {url}{where} ({json.dumps(status())}){metrics}; Ctrl-C stops")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -220,6 +220,7 @@ def test_bounds_are_one_line_input_errors_naming_the_fix(llama):
         running = batcher.submit("Hi", max_new_tokens=250, eos=False)
         next(running)  # in the one slot, for 249 steps more
         batcher.submit("Hi", max_new_tokens=8)  # waits for the slot
+        assert batcher.queue == (1, 1)
         with pytest.raises(OverloadedError, match=r"queue is full \(1 requests waiting for a slot\); retry later"):
             batcher.submit("Hi", max_new_tokens=8)
         running.cancel()

@@ -2,6 +2,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import threading
@@ -399,6 +400,9 @@ def test_sigterm_stops_pipeline_serve_and_every_process_it_started(published_fp3
             if line.startswith("serving "):
                 break
         assert server.poll() is None, "pipeline serve ended before it served"
+        metrics = re.search(r"; Prometheus metrics at (http://127\.0\.0\.1:\d+/metrics);", line)
+        with urllib.request.urlopen(metrics.group(1), timeout=30) as answer:  # Prometheus' text exposition
+            assert answer.status == 200 and answer.headers.get_content_type() == "text/plain"
         started = psutil.Process(server.pid).children(recursive=True)
         assert any("raylet" in p.name() for p in started) and _listeners(server.pid)
         server.send_signal(signal.SIGTERM)
