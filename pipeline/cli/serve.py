@@ -30,7 +30,13 @@ import click
     default=None,
     help="seconds a request's body may take to arrive; later gets 408 (default: 10)",
 )
-def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts, body_timeout) -> None:
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="requests a decoder replica decodes together, each with a cache of max_length tokens (default: 16)",
+)
+def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts, body_timeout, slots) -> None:
     """Serve ARTIFACT over HTTP on 127.0.0.1 as a Ray Serve application: POST {"texts": [...]} to it. Every
     process it starts listens on loopback only (docs/serving.md: what is exposed, and how to expose it)."""
     from pipeline.serving.ray_serve import serve_forever
@@ -44,4 +50,5 @@ def serve(artifact, replicas, address, port, threads, max_body_bytes, max_texts,
         max_body_bytes=max_body_bytes,
         max_texts=max_texts,
         body_timeout_s=body_timeout,
+        slots=slots,
     )

@@ -137,7 +137,7 @@ def _connect(cluster: str, resources: set[str]) -> None:
     the targets need has no node."""
     import ray
 
-    from pipeline.serving.ray_serve import check_reachable
+    from pipeline.serving.ray_local import check_reachable
 
     check_reachable(cluster)
     if not ray.is_initialized():

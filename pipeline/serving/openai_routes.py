@@ -28,16 +28,18 @@ from pipeline.serving.openai_api import (
 
 # Requests a replica decodes together (at most the artifact's batch size): each slot holds a max_length cache.
 SLOTS = 16
+MAX_SLOTS = 256  # the batcher's own bound (pipeline.runtime.continuous.MAX_SLOTS)
 
 
-def continuous_batcher(model):
+def continuous_batcher(model, slots: int | None = None):
     """A ContinuousBatcher over a decoder whose cache layout lets requests join a running batch, else None (each
-    request then runs alone)."""
+    request then runs alone). `slots`: requests decoding together (default: SLOTS, at most the artifact's batch
+    size)."""
     from pipeline.runtime.continuous import ContinuousBatcher
 
     if model.task != "text-generation" or model.spec.get("cache") != "shared" or not model.right_padded:
         return None
-    return ContinuousBatcher(model, max_slots=min(SLOTS, model.batch_size))
+    return ContinuousBatcher(model, max_slots=slots or min(SLOTS, model.batch_size))
 
 
 def _submitted(batcher, request: GenerationRequest, settings: dict) -> list:

@@ -6,7 +6,8 @@ session folders Ray makes world-writable and whose logs world-readable.
 The token lives in the process's environment only while ray.init starts the instance, which hands it to each
 process it starts; Ray keeps it cached in this process afterwards, so it is taken out of os.environ again and
 no later child of the caller inherits it. Each replica keeps its inter-deployment gRPC server on the node's IP
-(bind_replica_grpc_to_node_ip).
+(bind_replica_grpc_to_node_ip). Before joining a cluster, `check_reachable` fails fast on a dead address, and
+`replica_threads` splits the CPUs between replicas.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import tempfile
+from urllib.parse import urlparse
 
-from pipeline.errors import ServingError
+from pipeline.errors import InputError, ServingError
 
 _STATE: dict = {"temp_dir": None, "token_set": False}
 
@@ -114,3 +117,38 @@ def bind_replica_grpc_to_node_ip() -> None:
 
     on_node_ip.pipeline_node_ip = True
     replica.add_port_to_grpc_server = on_node_ip
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def replica_threads(replicas: int, cpus: int, threads: int | None = None) -> int:
+    """Session threads per replica: `threads`, or floor(cpus / replicas); replicas x threads must fit `cpus`."""
+    if replicas < 1:
+        raise InputError(f"--replicas {replicas}: pass 1 or more")
+    threads = threads or cpus // replicas
+    if threads < 1 or replicas * threads > cpus:
+        raise ServingError(
+            f"{replicas} replicas of {max(threads, 1)} thread(s) need {replicas * max(threads, 1)} CPUs, but "
+            f"{cpus} are available; pass --replicas {max(cpus, 1)} or fewer (or fewer --threads)"
+        )
+    return threads
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A ServingError within `timeout_s` when nothing answers at a Ray address (ray://host:port or host:port):
+    ray.init itself waits up to minutes on a dead address."""
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:  # a port that is not a number from 0 to 65535
+        host, port = None, None
+    if not host or not port:
+        raise InputError(f"--address {address!r} is not host:port or ray://host:port")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ServingError(
+            f"no Ray cluster answers at {address} ({err.strerror or err} within {timeout_s:.0f} s); start one with "
+            "`ray start --head` or check the address"
+        ) from None

@@ -33,10 +33,8 @@ import functools
 import json
 import logging
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse
 
 from pipeline.errors import InputError, OverloadedError, ServingError
 from pipeline.serving import openai_routes
@@ -53,9 +51,11 @@ from pipeline.serving.openai_api import (
 )
 from pipeline.serving.ray_local import (
     bind_replica_grpc_to_node_ip,
+    check_reachable,
     local_ray_environment,
     ray_init,
     remove_private_temp_dir,
+    replica_threads,
 )
 from pipeline.serving.requests import (
     BODY_TIMEOUT_S,
@@ -75,39 +75,6 @@ from pipeline.serving.requests import (
 
 APP = "pipeline"
 ROUTE = "/"
-CONNECT_TIMEOUT_S = 5.0
-
-
-def replica_threads(replicas: int, cpus: int, threads: int | None = None) -> int:
-    """Session threads per replica: `threads`, or floor(cpus / replicas); replicas x threads must fit `cpus`."""
-    if replicas < 1:
-        raise InputError(f"--replicas {replicas}: pass 1 or more")
-    threads = threads or cpus // replicas
-    if threads < 1 or replicas * threads > cpus:
-        raise ServingError(
-            f"{replicas} replicas of {max(threads, 1)} thread(s) need {replicas * max(threads, 1)} CPUs, but "
-            f"{cpus} are available; pass --replicas {max(cpus, 1)} or fewer (or fewer --threads)"
-        )
-    return threads
-
-
-def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """A ServingError within `timeout_s` when nothing answers at a Ray address (ray://host:port or host:port):
-    ray.init itself waits up to minutes on a dead address."""
-    parsed = urlparse(address if "://" in address else f"gcs://{address}")
-    try:
-        host, port = parsed.hostname, parsed.port
-    except ValueError:  # a port that is not a number from 0 to 65535
-        host, port = None, None
-    if not host or not port:
-        raise InputError(f"--address {address!r} is not host:port or ray://host:port")
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as err:
-        raise ServingError(
-            f"no Ray cluster answers at {address} ({err.strerror or err} within {timeout_s:.0f} s); start one with "
-            "`ray start --head` or check the address"
-        ) from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -137,7 +104,7 @@ def _deployment():
 
         def __init__(
             self, artifact: str, served: Served, threads: int, max_batch_size: int, wait_s: float, limits: dict, tags
-        ):
+        ):  # limits: the body limits, and the decoder's slots
             from pipeline.runtime import load
 
             bind_replica_grpc_to_node_ip()
@@ -150,7 +117,8 @@ def _deployment():
             # Chat and completions of a decoder whose cache allows it share one continuously batched engine; a
             # request that is not streamed waits for its answer in a thread of its own, so that the default
             # executor's few threads (CPUs + 4) do not cap how many requests decode together.
-            self.batcher = openai_routes.continuous_batcher(self.model) if self.key == "completions" else None
+            completions = self.key == "completions"
+            self.batcher = openai_routes.continuous_batcher(self.model, limits["slots"]) if completions else None
             self.waiting = (
                 ThreadPoolExecutor(max_workers=64, thread_name_prefix="openai-wait") if self.batcher else None
             )
@@ -300,12 +268,13 @@ def deploy(
     max_texts: int | None = None,
     body_timeout_s: float | None = None,
     max_body_reads: int | None = None,
+    slots: int | None = None,
 ) -> str:
     """Deploy `artifact` on a local Ray instance (or the cluster at `address`); returns the HTTP URL once every
-    replica runs. A request's body is refused over `max_body_bytes` (default 1 MiB) or once it has taken over
-    `body_timeout_s` (default 10 s) to arrive, its texts over `max_texts` (default 256); a replica reads at most
-    `max_body_reads` bodies at once (default 128). Raises ServingError for a port in use, an unreachable address,
-    or replicas that do not fit."""
+    replica runs. Limits: a body over `max_body_bytes` (1 MiB) or slower than `body_timeout_s` (10 s), texts over
+    `max_texts` (256), bodies read at once over `max_body_reads` (128); a decoder replica decodes up to `slots`
+    requests together (16, at most the artifact's batch size; each slot holds a cache of max_length tokens).
+    Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
     from pipeline.runtime import verify_artifact
     from pipeline.serving.triton_server import check_port_free
 
@@ -314,6 +283,7 @@ def deploy(
         "max_texts": check_limit(MAX_TEXTS if max_texts is None else max_texts, "--max-texts"),
         "body_timeout_s": check_seconds(BODY_TIMEOUT_S if body_timeout_s is None else body_timeout_s, "--body-timeout"),
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
+        "slots": None if slots is None else check_limit(slots, "--slots", openai_routes.MAX_SLOTS),
     }
     manifest = verify_artifact(artifact)
     served = Served.from_manifest(manifest)
@@ -333,7 +303,7 @@ def deploy(
         "num_replicas": replicas,
         "ray_actor_options": {"num_cpus": threads},
         # A batch's places, and as many more as bodies a replica reads at once.
-        "max_ongoing_requests": max(batch, 8) + limits["max_body_reads"],
+        "max_ongoing_requests": max(batch, 8, limits["slots"] or 0) + limits["max_body_reads"],
         "health_check_period_s": 5,
     }
     replica = serve.deployment(_deployment(), name="artifact", **options)

@@ -69,10 +69,11 @@ def read_audio(body: bytes) -> list:
         raise InputError(f"{err}; {AUDIO_USAGE}") from None
 
 
-def check_limit(value, option: str) -> int:
-    """A request limit: a positive int, else an InputError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{option} {value!r}: pass a positive whole number")
+def check_limit(value, option: str, most: int | None = None) -> int:
+    """A request limit: a positive int (at most `most`), else an InputError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most is not None and value > most):
+        upto = f" up to {most}" if most is not None else ""
+        raise InputError(f"{option} {value!r}: pass a positive whole number{upto}")
     return value
 
 

@@ -253,7 +253,7 @@ def served_gpt2(chat_gpt2):
     from pipeline.serving import ray_serve
     from pipeline.serving.triton_server import free_port
 
-    url = ray_serve.deploy(chat_gpt2, port=free_port(), max_texts=4, max_body_bytes=64 * 1024)
+    url = ray_serve.deploy(chat_gpt2, port=free_port(), max_texts=4, max_body_bytes=64 * 1024, slots=8)
     try:
         yield url
     finally:

@@ -375,6 +375,12 @@ def test_serve_refuses_a_limit_below_one_naming_the_option(option, tmp_path):
     assert result.exit_code == InputError.exit_code and f"error: {option} 0: pass a positive" in result.output
 
 
+@pytest.mark.parametrize("slots", [0, 257, True])
+def test_deploy_refuses_slots_outside_1_to_256_before_starting_anything(slots, tmp_path):
+    with pytest.raises(InputError, match=f"--slots {slots!r}: pass a positive whole number up to 256"):
+        ray_serve.deploy(tmp_path, slots=slots)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "inf", "nan"])
 def test_serve_refuses_a_body_timeout_that_is_not_a_positive_number_of_seconds(value, tmp_path):
     from pipeline.cli import main
