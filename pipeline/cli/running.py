@@ -53,7 +53,13 @@ from pipeline.errors import InputError, PipelineError, QuantizationError
     metavar="N,N",
     help="decoders, instead: continuous batching against one request at a time at N concurrent streams (e.g. 1,16)",
 )
-def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai, llama, streams) -> None:
+@click.option(
+    "--turns",
+    type=click.IntRange(2, 64),
+    default=None,
+    help="decoders, instead: a chat of N turns, each turn's first token with prefix caching and without",
+)
+def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, method, genai, llama, streams, turns):
     """Benchmark ARTIFACT against PyTorch (and, for decoders, onnxruntime-genai and llama.cpp) side by side."""
     from pipeline.bench import markdown, run
     from pipeline.bench.common import check_out
@@ -67,6 +73,14 @@ def bench(artifact, baseline, cache_dir, out, quick, profile, calibration, metho
         results = profile_artifact(artifact, out, **settings)
         click.echo(profile_markdown(results))
         click.echo(f"wrote {results['written_to']}/profile.json, profile.md")
+        return
+    if turns:
+        from pipeline.bench.turns import bench_turns
+        from pipeline.bench.turns import markdown as turns_markdown
+
+        results = bench_turns(artifact, out, turns, reps=2 if quick else 5, new_tokens=8 if quick else 32)
+        click.echo(turns_markdown(results))
+        click.echo(f"wrote {results['written_to']}/bench.json, bench.md")
         return
     if streams:
         from pipeline.bench.streams import bench_streams

@@ -88,10 +88,13 @@ class ContinuousBatcher:
 
     `max_slots`: requests decoding together (each holds `capacity` tokens of cache: default the model's max_length);
     `prefill_chunk`: prompt tokens an engine iteration writes before the next decode step; `max_queue`: requests
-    waiting for a slot before submit() refuses with OverloadedError. Settings are those of `Generator.generate`.
+    waiting for a slot before submit() refuses with OverloadedError; `prefix_caching`: a freed slot keeps its
+    tokens' cache for a later prompt that begins with them (slot_pool.py). Settings are those of `Generator.generate`.
     """
 
-    def __init__(self, model, max_slots: int = 16, prefill_chunk: int = 64, max_queue: int = 256, capacity=None):
+    def __init__(
+        self, model, max_slots=16, prefill_chunk=64, max_queue=256, capacity=None, prefix_caching: bool = True
+    ):
         self.model = model
         self.max_queue = _positive("max_queue", max_queue)
         self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
@@ -103,6 +106,7 @@ class ContinuousBatcher:
         vocab = model.session.get_outputs()[0].shape[-1]
         self.vocab = vocab if isinstance(vocab, int) else model.tokenizer.get_vocab_size()
         self._slots = SlotPool(slots, self.capacity)
+        self.prefix_caching = bool(prefix_caching)
         self._pending: collections.deque = collections.deque()
         self._running: list[_Running] = []
         # Every key from the start: stats() copies it from another thread, and a new key would change its size.
@@ -353,7 +357,9 @@ class ContinuousBatcher:
         tokens every step has fed (all but the last chosen token) for a later prompt that starts with them."""
         self._running.remove(running)
         held = running.filled if running.next_token is None else len(running.context) - 1
-        self._slots.give_back(running.slot, running.context[:held] if cached and self.continuous else None)
+        self._slots.give_back(
+            running.slot, running.context[:held] if cached and self.continuous and self.prefix_caching else None
+        )
         running.request._events.put(last)
 
     def _refuse_the_rest(self) -> None:
