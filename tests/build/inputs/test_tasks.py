@@ -121,8 +121,8 @@ def test_an_image_classifier_builds_at_fp32_and_equals_pytorch(model_type, tmp_p
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
-@pytest.mark.slow  # four builds of about 15 s
-@pytest.mark.parametrize("model_type", ["deit", "beit", "swin", "convnext"])
+@pytest.mark.slow  # five builds of about 15 s
+@pytest.mark.parametrize("model_type", ["vit", "deit", "beit", "swin", "convnext"])
 def test_an_image_classifier_builds_with_int8_activations_judged_on_its_labels(model_type, tmp_path):
     """One quantized build per classifier family: dynamic int8 (the one candidate), gated on top-1 label agreement
     and probabilities against PyTorch on the development pictures, published, and run by the loader."""
