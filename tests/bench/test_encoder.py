@@ -114,12 +114,13 @@ def test_time_until_stable_marks_a_deliberately_noisy_variant_noisy():
 
     calls = {"n": 0}
 
+    # Sleeps of tens of milliseconds: a busy host's scheduler adds a few to any sleep, which would make 2 ms noisy.
     def steady(_):
-        time.sleep(0.002)
+        time.sleep(0.02)
 
     def noisy(_):
         calls["n"] += 1
-        time.sleep(0.001 if calls["n"] % 2 else 0.008)  # alternately fast and 8x slower
+        time.sleep(0.01 if calls["n"] % 2 else 0.08)  # alternately fast and 8x slower
 
     times = time_until_stable({"steady": steady, "noisy": noisy}, None, min_rounds=5, max_rounds=12)
     assert times["noisy"]["noisy"] and len(times["noisy"]["ms"]) == 12
