@@ -18,6 +18,7 @@ from pipeline.runtime.artifact import verify_artifact
 from tests.conftest import SMALL_TEXTS
 
 
+@pytest.mark.slow  # a whole encoder bench, plot included
 def test_bench_writes_table_json_and_plot_with_ratios(published, tmp_path):
     cache = published.parent.parent.parent.parent / "cache"
     results = bench(

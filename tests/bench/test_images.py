@@ -22,6 +22,7 @@ def quick_results(tmp_path_factory):
     return run(manifest.published.path, dirs / "cache", out, quick=True), out, manifest
 
 
+@pytest.mark.slow  # a build and a bench of three variants
 def test_every_variant_is_timed_at_each_batch_and_matches_pytorch(quick_results):
     results, out, _ = quick_results
     assert results["variants"] == [ARTIFACT, OPENVINO_DEFAULT, PYTORCH]

@@ -39,6 +39,7 @@ def quick_results(tmp_path_factory):
     return bench_speech(None, out_dir=out, quick=True, whisper_folder=folder), out
 
 
+@pytest.mark.slow  # a tiny Whisper build and its bench
 def test_bench_speech_reports_each_peer_with_its_figures_and_wer_when_quick(quick_results):
     results, out = quick_results
     assert results["task"] == "automatic-speech-recognition" and results["artifact"] is None

@@ -10,6 +10,8 @@ import sys
 import termios
 import warnings
 
+import pytest
+
 from pipeline.build.console import silenced
 from tests.conftest import REPO
 
@@ -57,6 +59,7 @@ def _on_a_terminal(args) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow  # three builds under a pseudo-terminal
 def test_progress_shows_on_a_terminal_and_not_when_piped_or_quiet(tiny_bert, texts_file, calibration_file, tmp_path):
     shown = _on_a_terminal(_build_args(tiny_bert, texts_file, calibration_file, tmp_path / "tty"))
     assert "search: building candidates" in shown
