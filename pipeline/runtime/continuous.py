@@ -353,13 +353,13 @@ class ContinuousBatcher:
         self._leave(running, err, cached=False)
 
     def _leave(self, running: _Running, last, cached: bool = True) -> None:
-        """Free a request's slot and send its last event. Unless a run failed, the slot keeps the cache of the
-        tokens every step has fed (all but the last chosen token) for a later prompt that starts with them."""
+        """Free a request's slot and send its last event. Unless a run failed, the slot keeps the cache its prompt's
+        prefill wrote, for a later prompt that starts with that prompt. Not the generated tokens' cache: a decode
+        step writes it one row at a time, whose kernels can round otherwise than a prefill's (on SmolLM2's int8
+        blocks it moved a near-tie token), and a hit must give the tokens a recompute gives."""
         self._running.remove(running)
-        held = running.filled if running.next_token is None else len(running.context) - 1
-        self._slots.give_back(
-            running.slot, running.context[:held] if cached and self.continuous and self.prefix_caching else None
-        )
+        keep = cached and self.continuous and self.prefix_caching
+        self._slots.give_back(running.slot, running.context[: running.filled] if keep else None)
         running.request._events.put(last)
 
     def _refuse_the_rest(self) -> None:

@@ -1,10 +1,11 @@
 """The continuous batcher's free slots, and the prefix each still holds (prefix caching).
 
-A request that leaves its slot leaves the cache of its tokens there (its prompt and what it generated, but the last
-token, which no step has fed). A new request whose prompt starts with those tokens (the next turn of a chat: the
-conversation so far, then a new message) takes that slot, and its prefill starts after the shared prefix instead of
-at its first token. A hit computes the same attention over the same cached keys and values as a recompute would: the
-prefix's cache was written by the same graph, at the same positions.
+A request that leaves its slot leaves there the cache its prompt's prefill wrote. A new request whose prompt starts
+with those tokens (the next turn of a chat: the conversation so far, the last answer, then a new message) takes that
+slot, and its prefill starts after the shared prefix instead of at its first token. A hit computes the same attention
+over the same keys and values as a recompute: the prefix's cache was written by a prefill of the same graph, at the
+same positions. (The generated tokens' cache is not kept: decode steps wrote it a row at a time, and on int8 blocks
+those kernels round otherwise than a prefill's.)
 
     pool = SlotPool(slots=16, capacity=512)
     slot, reused = pool.take(prompt_ids)      # the slot to fill, and how many leading prompt tokens it already holds
