@@ -14,7 +14,7 @@ from pipeline.runtime.engine_cache import engine_cache_dir, write_engine
 
 def cache_built_engines(manifest: Manifest, artifact: Path) -> list[str]:
     """After publishing: copy the engines the engine stage built into the artifact's engine cache."""
-    record = next((r for r in manifest.stages if r.name == "engine"), None)
+    record = manifest.ran("engine")
     if record is None or record.metrics.get("status") != "built":
         return []
     published = verify_artifact(artifact)

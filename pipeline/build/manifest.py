@@ -87,11 +87,15 @@ class Manifest:
 
     def stage(self, name: str) -> StageRecord:
         """The record of an earlier stage, by name."""
-        for record in self.stages:
-            if record.name == name:
-                return record
+        record = self.ran(name)
+        if record is not None:
+            return record
         done = ", ".join(r.name for r in self.stages) or "none"
         raise PipelineError(f"stage {name!r} has not run yet (done: {done}); the stage table is out of order")
+
+    def ran(self, name: str) -> StageRecord | None:
+        """The record of a stage that may not have run for this build (search, tune, engine), or None."""
+        return next((record for record in self.stages if record.name == name), None)
 
     def with_stage(self, record: StageRecord) -> Manifest:
         """A copy with `record` appended."""

@@ -120,7 +120,7 @@ def _finish(model: str, target: str, options: dict, prepared: dict | None = None
         manifest = build(model, target, **options)
     except PipelineError as err:
         return _failed(err)
-    chosen = next((r for r in manifest.stages if r.name == "search"), None)
+    chosen = manifest.ran("search")
     verdict = manifest.stage("validate").metrics.get("verdict", [])
     return {
         "status": "published" if not manifest.published.reused else "unchanged",

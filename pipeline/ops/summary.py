@@ -166,7 +166,7 @@ def build_summary(manifest, spec, host_class: str) -> str:
         lines.append(f"unchanged: {published.path} already holds this build ({published.version})")
     else:
         lines.append(f"published {published.path}")
-    engine = next((r.metrics for r in manifest.stages if r.name == "engine"), None)
+    engine = getattr(manifest.ran("engine"), "metrics", None)
     if engine and engine["status"] == "pending":
         lines.append(f"engine pending: {engine['reason']}; every other stage is published")
     lines += _small_calibration(manifest)

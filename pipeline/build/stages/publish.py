@@ -84,7 +84,7 @@ def _content(manifest: Manifest, target: Target, files: dict[str, str]) -> dict:
         "backend": "tensorrt" if target.engine == "tensorrt" else chosen.backend,
         "precision": chosen.precision or target.precision,
         "model": runtime_spec(manifest, target),
-        "engine": next((r.metrics for r in manifest.stages if r.name == "engine"), None),
+        "engine": getattr(manifest.ran("engine"), "metrics", None),
         "target_spec": target.to_dict(),
         "stages": {r.name: {"key": r.key, "config": r.config} for r in manifest.stages if r.name not in HOST_STAGES},
     }
@@ -101,7 +101,7 @@ SPEED_MEANING = (
 
 def _candidates(manifest: Manifest) -> list | None:
     """The engine search's table (each candidate's accuracy on the development split, score, choice), untimed."""
-    record = next((r for r in manifest.stages if r.name == "search"), None)
+    record = manifest.ran("search")
     if record is None:
         return None
     return [{k: v for k, v in row.items() if k not in TIMED} for row in record.metrics["candidates"]]
@@ -109,7 +109,7 @@ def _candidates(manifest: Manifest) -> list | None:
 
 def build_speed(manifest: Manifest) -> dict:
     """The build's timed figures with their spread (median and p10-p90), host and date, for report.json."""
-    search = next((r.metrics for r in manifest.stages if r.name == "search"), None)
+    search = getattr(manifest.ran("search"), "metrics", None)
     validation = manifest.stage("validate").metrics
     return {
         "meaning": SPEED_MEANING,
@@ -136,7 +136,8 @@ def measured_on(target: Target) -> dict:
 
 
 def _tuned(manifest: Manifest) -> dict:
-    return next((r.metrics["best"] for r in manifest.stages if r.name == "tune"), {})
+    tune = manifest.ran("tune")
+    return tune.metrics["best"] if tune else {}
 
 
 def _tuned_session(manifest: Manifest) -> dict:

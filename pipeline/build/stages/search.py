@@ -102,7 +102,7 @@ def applies(manifest: Manifest, target: Target) -> bool:
 
 def chosen_target(manifest: Manifest, target: Target) -> Target:
     """The target as the rest of the build holds it: with the chosen candidate's thresholds, where a search ran."""
-    record = next((r for r in manifest.stages if r.name == "search"), None)
+    record = manifest.ran("search")
     return target.with_candidate(record.metrics["chosen"]) if record else target
 
 
