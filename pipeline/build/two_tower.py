@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.build.accuracy.models import load_hf_tokenizer
+from pipeline.build.inputs.architectures import architecture_of
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint
 from pipeline.build.onnx_files import traced_to_onnx
-from pipeline.errors import ExportError
 from pipeline.runtime.schema import TEXT_GRAPH, TOKENIZER
 from pipeline.runtime.text import padded_rows
 
@@ -77,8 +77,7 @@ def text_tower_to_onnx(checkpoint: Checkpoint, model, out: Path, opset: int) -> 
     session = ort.InferenceSession(str(out / TEXT_GRAPH), providers=["CPUExecutionProvider"])
     got = session.run(None, feeds)[0]
     diff = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")
-    if diff > 1e-3:
-        raise ExportError(f"the exported text tower differs from PyTorch by {diff:.2e} on a probe text (allowed 1e-3)")
+    architecture_of(checkpoint).check_probe(diff, "the exported text tower", "a probe text")
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     return {**settings, "companions": [TEXT_GRAPH, TOKENIZER], "text_probe_max_abs_diff": diff}

@@ -262,8 +262,7 @@ def _export_decoder(checkpoint: Checkpoint, arch: Architecture, out: Path) -> di
         raise ExportError(f"the exported graph of {checkpoint.path} has no KV cache inputs and outputs: {names}")
     right = attention["cache"] == "shared"  # GroupQueryAttention: each row its own length, padded on the right
     diff = _decoder_probe(session, model, tokenizer, past, right, checkpoint.max_length)
-    if diff > 1e-3:
-        raise ExportError(f"the exported decoder differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    arch.check_probe(diff, "the exported decoder")
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     inputs = [n for n in names if n not in past]
@@ -331,8 +330,7 @@ def _export_encoder(checkpoint: Checkpoint, out: Path) -> dict:
     if not np.isfinite(got).all():
         raise ExportError(f"the exported graph of {checkpoint.path} outputs NaN or inf on a probe input")
     diff = float(np.abs(got - expected).max())
-    if diff > 1e-3:
-        raise ExportError(f"the exported graph differs from PyTorch by {diff:.2e} on a probe input (allowed 1e-3)")
+    architecture_of(checkpoint).check_probe(diff, "the exported graph")
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)  # what is published
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER))
     spec = runtime_spec(checkpoint, tokenizer, input_names)

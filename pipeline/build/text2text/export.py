@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.build.accuracy.models import load_hf_tokenizer, load_torch_model
+from pipeline.build.inputs.architectures import architecture_of
 from pipeline.build.inputs.tokenizer_patterns import check_tokenizer_patterns
 from pipeline.build.manifest import Checkpoint
 from pipeline.build.onnx_files import traced_to_onnx
@@ -30,7 +31,6 @@ from pipeline.runtime.seq2seq import cache_names
 from pipeline.runtime.text import padded_rows
 
 OPSET = 17
-PROBE_TOLERANCE = 1e-3
 PROBE_TEXTS = ("A short probe.", "A somewhat longer probe sentence, so that the batch needs padding.")
 
 
@@ -197,11 +197,7 @@ def onnx_from_text2text_checkpoint(checkpoint: Checkpoint, out: Path) -> dict:
             f"{checkpoint.path}: {model.config.model_type}'s decoder does not trace with a cache of tensors "
             f"({type(err).__name__}: {first}); text-to-text families built so far: T5, BART, mBART, Marian, M2M100"
         ) from None
-    if diff > PROBE_TOLERANCE:
-        raise ExportError(
-            f"the exported text-to-text model differs from PyTorch by {diff:.2e} on a probe input "
-            f"(allowed {PROBE_TOLERANCE})"
-        )
+    architecture_of(checkpoint).check_probe(diff, "the exported text-to-text model")
     spec.update(heads=heads, head_dim=head_dim)
     check_tokenizer_patterns(tokenizer.backend_tokenizer.to_str(), checkpoint.path)
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from pipeline.errors import InputError
+from pipeline.errors import ExportError, InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,17 @@ class Architecture:
     # projected image features ("projected": CLIP's and SigLIP's get_image_features).
     image_embedding: str = "pooler"
     default_task: str | None = None  # where it is not the family's (two-tower models: zero-shot classification)
+    # The largest absolute difference from PyTorch an exported graph may show on the export's probe input.
+    probe_tolerance: float = 1e-3
+
+    def check_probe(self, diff: float, what: str, probe: str = "a probe input") -> None:
+        """An ExportError where the exported graph (`what`) differs from PyTorch on `probe` by more than the family
+        allows (NaN or inf included)."""
+        if not diff <= self.probe_tolerance:
+            raise ExportError(
+                f"{what} differs from PyTorch by {diff:.2e} on {probe} (allowed {self.probe_tolerance:g}); the "
+                "exporter traced this checkpoint wrongly: report it with the checkpoint's config.json"
+            )
 
     def why_not_fused(self, model) -> str | None:
         """Why the model's attention stays decomposed, or None when it becomes GroupQueryAttention."""
