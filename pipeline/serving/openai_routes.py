@@ -28,7 +28,6 @@ from pipeline.serving.openai_api import (
 
 # Requests a replica decodes together (at most the artifact's batch size): each slot holds a max_length cache.
 SLOTS = 16
-MAX_SLOTS = 256  # the batcher's own bound (pipeline.runtime.continuous.MAX_SLOTS)
 
 
 def continuous_batcher(model, slots: int | None = None):

@@ -276,6 +276,7 @@ def deploy(
     requests together (16, at most the artifact's batch size; each slot holds a cache of max_length tokens).
     Raises ServingError for a port in use, an unreachable address, or replicas that do not fit."""
     from pipeline.runtime import verify_artifact
+    from pipeline.runtime.continuous import MAX_SLOTS
     from pipeline.serving.triton_server import check_port_free
 
     limits = {
@@ -283,7 +284,7 @@ def deploy(
         "max_texts": check_limit(MAX_TEXTS if max_texts is None else max_texts, "--max-texts"),
         "body_timeout_s": check_seconds(BODY_TIMEOUT_S if body_timeout_s is None else body_timeout_s, "--body-timeout"),
         "max_body_reads": check_limit(MAX_BODY_READS if max_body_reads is None else max_body_reads, "max_body_reads"),
-        "slots": None if slots is None else check_limit(slots, "--slots", openai_routes.MAX_SLOTS),
+        "slots": None if slots is None else check_limit(slots, "--slots", MAX_SLOTS),
     }
     manifest = verify_artifact(artifact)
     served = Served.from_manifest(manifest)
