@@ -1,22 +1,20 @@
 """A chat of several turns on a decoder artifact's ContinuousBatcher, with prefix caching and without: each turn's
 prompt is the last turn's prompt, its answer and a new message of exactly P tokens, and each answer is exactly M
-tokens (greedy, end-of-sequence suppressed). With prefix caching the turn's prompt finds the last one's tokens in
-the slot it left, and prefills only the new message; without, it prefills the whole conversation. Rounds alternate
-between the two; per turn, the time to its first token (from its submission), median [p10, p90] over the rounds,
-and the ratio of the two, paired round by round.
+tokens (greedy, end-of-sequence suppressed). With prefix caching the turn's prompt finds the last prompt's cache in
+the slot it left, and prefills only the last answer and the new message; without, it prefills the whole
+conversation. Rounds alternate between the two; per turn, the time to its first token (from its submission), median
+[p10, p90] over the rounds, and the ratio of the two, paired round by round.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from pathlib import Path
 
-from pipeline.bench.common import bench_folder, host_line, identity, write_results
+from pipeline.bench.common import bench_folder, figure, host_line, identity, write_results
 from pipeline.bench.generation import exact_prompts
 from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
-from pipeline.build.timing import percentile
 from pipeline.errors import InputError
 from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.continuous import ContinuousBatcher
@@ -87,13 +85,11 @@ def _turn(rounds: dict, turn: int) -> dict:
     """One turn's TTFT of each variant (ms, median and p10-p90) and their ratio, paired by round."""
     figures = {}
     for name in VARIANTS:
-        ms = [r["ttft_s"][turn] * 1000 for r in rounds[name]]
-        figures[name] = {"ttft_ms": statistics.median(ms), "ttft_range_ms": [percentile(ms, 10), percentile(ms, 90)]}
+        ttft = figure([r["ttft_s"][turn] * 1000 for r in rounds[name]])
+        figures[name] = {"ttft_ms": ttft["median"], "ttft_range_ms": ttft["range"]}
     cached, recomputed = ([r["ttft_s"][turn] for r in rounds[name]] for name in VARIANTS)
-    ratios = [b / a for a, b in zip(cached, recomputed, strict=True)]
-    figures["speedup"] = statistics.median(ratios)
-    figures["speedup_range"] = [percentile(ratios, 10), percentile(ratios, 90)]
-    return figures
+    speedup = figure([b / a for a, b in zip(cached, recomputed, strict=True)])
+    return {**figures, "speedup": speedup["median"], "speedup_range": speedup["range"]}
 
 
 def markdown(results: dict) -> str:
