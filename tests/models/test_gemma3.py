@@ -1,16 +1,19 @@
 """A real trained Gemma 3 (270M, tools/gemma3.py) at fp32: greedy output equal to transformers', with every layer's
 attention in GroupQueryAttention (local_window_size on the five sliding layers of every six, the local rotary
-there, query_pre_attn_scalar as the scale); and built for `native` (the decoder search, on the same export) passing
-its gate. Slow tier: the conversion and the builds take minutes here."""
+there, query_pre_attn_scalar as the scale). Slow tier: the conversion and the build take minutes here.
+
+The decoder search on a real model is SmolLM2's test (every candidate of the host's target); Gemma 3's search rows
+are in docs/benchmarks.md. Searching Gemma 3 here cost CI 2 to 4 minutes and 6 GB of disk on top of this build's 4.7,
+and a CI run failed when the shared disk filled."""
 
 import json
+import shutil
 from pathlib import Path
 
 import onnx
 import pytest
 
 from pipeline.build.table import build
-from pipeline.build.timing import COST
 from pipeline.runtime import load
 from tests.conftest import scratch, write_target
 from tools.gemma3 import REPO, make
@@ -26,7 +29,14 @@ def gemma3_build(tmp_path_factory):
     )
     checkpoint = make()
     with scratch(tmp_path_factory, "gemma3") as root:
-        yield checkpoint, build(checkpoint, "cpu-fp32", artifacts_dir=root / "a", cache_dir=root / "c"), root
+        # Validated on 8 held-out prompts (the tests below compare 5 more with transformers) and timed at batch 1:
+        # the default 32 prompts and batch 8 made validation 150 s of this build.
+        target = write_target(
+            root, "cpu-fp32-gemma3", "cpu-fp32", generation__prompts=8, generation__speed_batch_sizes=[1]
+        )
+        manifest = build(checkpoint, str(target), artifacts_dir=root / "a", cache_dir=root / "c")
+        shutil.rmtree(root / "c")  # the stage cache: 2.3 GB that no test here reads again
+        yield checkpoint, manifest
 
 
 def _hf_greedy(folder: Path, prompt: str, new_tokens: int) -> tuple:
@@ -42,7 +52,7 @@ def _hf_greedy(folder: Path, prompt: str, new_tokens: int) -> tuple:
 
 
 def test_gemma3_fp32_greedy_equals_transformers_alone_and_batched(gemma3_build):
-    checkpoint, manifest, _ = gemma3_build
+    checkpoint, manifest = gemma3_build
     folder = Path(manifest.published.path)
     validation = json.loads((folder / "manifest.json").read_text())["validation"]
     assert validation["greedy_match"] == 1.0 and all(row["passed"] for row in validation["verdict"])
@@ -58,7 +68,7 @@ def test_gemma3_fp32_greedy_equals_transformers_alone_and_batched(gemma3_build):
 
 
 def test_gemma3_attention_becomes_group_query_attention_with_local_windows_on_the_sliding_layers(gemma3_build):
-    _, manifest, _ = gemma3_build
+    _, manifest = gemma3_build
     attention = manifest.stage("export").metrics["attention"]
     assert attention["op"] == "GroupQueryAttention" and attention["layers"] == 18
     print(f"Gemma 3 270M: {attention['nodes_before']} nodes exported, {attention['nodes_after']} after the rewrite")
@@ -70,42 +80,3 @@ def test_gemma3_attention_becomes_group_query_attention_with_local_windows_on_th
     assert [n.input[7] for n in nodes] == (["gqa/rotary_emb_local/cos"] * 5 + ["gqa/rotary_emb/cos"]) * 3
     scales = {round(next(a.f for a in n.attribute if a.name == "scale"), 6) for n in nodes}
     assert scales == {round(256**-0.5, 6)} and not any(n.op_type == "Softmax" for n in graph.graph.node)
-
-
-def native_decoder_target(folder: Path, names=("ort-fp32-decoder", "ort-int8-blocks128")) -> Path:
-    """This host's native target with only the decoder candidates `names`: the search of a real 270M model costs
-    minutes a candidate, and the int4 ones were measured on their own (docs/benchmarks.md)."""
-    import tomllib
-
-    from pipeline.build.inputs.targets import native_target
-    from pipeline.runtime.host import kernel_class
-
-    base = native_target(kernel_class())
-    table = tomllib.loads((REPO / "targets" / f"{base}.toml").read_text())
-    kept = [c for c in table["candidates"] if c["name"] in names]
-    assert [c["name"] for c in kept] == list(names), f"{base} lacks one of {names}"
-    return write_target(folder, f"{base}-decoders", base, candidates=kept)
-
-
-def test_gemma3_native_search_publishes_a_candidate_that_passes_its_gate(gemma3_build, texts_file, calibration_file):
-    checkpoint, fp32, root = gemma3_build
-    manifest = build(
-        checkpoint,
-        str(native_decoder_target(root)),
-        validation=texts_file,
-        calibration=calibration_file,
-        artifacts_dir=root / "a",
-        cache_dir=root / "c",
-    )
-    assert manifest.stage("export").key == fp32.stage("export").key  # one export for both targets
-    search = manifest.stage("search").metrics
-    rows = search["candidates"]
-    assert search["chosen"] == next(r["name"] for r in rows if r["chosen"])
-    validation = json.loads((Path(manifest.published.path) / "manifest.json").read_text())["validation"]
-    assert all(row["passed"] for row in validation["verdict"])
-    [completion] = load(manifest.published.path).generate(PROMPTS[:1], max_new_tokens=8)
-    assert completion.token_ids
-    print(f"\nGemma 3 270M on native: chosen {search['chosen']}")
-    for row in rows:
-        cost = sum(row.get(k) or 0 for k in COST)
-        print(f"  {row['name']:<20} {row['status']:<8} {cost:7.1f} s  {row.get('reason') or ''}")
