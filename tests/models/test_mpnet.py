@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.build.table import build
 from pipeline.runtime import load
+from tests.conftest import scratch
 from tools.mpnet import make
 
 pytestmark = pytest.mark.slow
@@ -29,8 +30,15 @@ def mpnet_checkpoint() -> Path:
     return make()
 
 
+@pytest.fixture(scope="module")
+def mpnet_dirs(tmp_path_factory) -> dict:
+    """One stage cache for the module: the search reuses the fp32 build's export and optimized graph."""
+    with scratch(tmp_path_factory, "mpnet") as root:
+        yield {"artifacts_dir": root / "artifacts", "cache_dir": root / "cache"}
+
+
 def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
-    mpnet_checkpoint, texts_file, calibration_file, tmp_path
+    mpnet_checkpoint, texts_file, calibration_file, mpnet_dirs
 ):
     from sentence_transformers import SentenceTransformer
 
@@ -39,8 +47,7 @@ def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
         "cpu-fp32",
         validation=texts_file,
         calibration=calibration_file,
-        artifacts_dir=tmp_path / "artifacts",
-        cache_dir=tmp_path / "cache",
+        **mpnet_dirs,
     )
     assert manifest.checkpoint.task == "feature-extraction"
     assert manifest.checkpoint.pooling == {"mode": "mean", "normalize": True}
@@ -59,7 +66,7 @@ def test_mpnet_fp32_artifact_embeds_as_sentence_transformers_does(
 
 
 def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_targets_thresholds(
-    mpnet_checkpoint, texts_file, calibration_file, tmp_path
+    mpnet_checkpoint, texts_file, calibration_file, mpnet_dirs
 ):
     from sentence_transformers import SentenceTransformer
 
@@ -72,8 +79,7 @@ def test_mpnet_native_search_publishes_a_candidate_that_embeds_within_the_target
         "native",
         validation=texts_file,
         calibration=calibration_file,
-        artifacts_dir=tmp_path / "artifacts",
-        cache_dir=tmp_path / "cache",
+        **mpnet_dirs,
     )
     search = manifest.stage("search").metrics
     rows = search["candidates"]
