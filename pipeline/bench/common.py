@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -26,6 +27,24 @@ def identity(manifest: dict, real: Path, threads: int) -> dict:
     """What a benchmark measured: the artifact, the host and the thread count."""
     keys = ("model_name", "version", "target")
     return {"artifact": str(real), **{k: manifest[k] for k in keys}, "threads": threads, "host": host_summary(threads)}
+
+
+def open_decoder(artifact, option: str) -> tuple:
+    """A decoder artifact opened for a serving benchmark (`option`: the flag that asked, for the error) with one
+    intra-op thread a core: (path, verified manifest, model, threads, the benchmark's texts). An InputError where
+    the artifact is not a decoder."""
+    from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
+    from pipeline.errors import InputError
+    from pipeline.runtime import load
+    from pipeline.runtime.artifact import verify_artifact
+
+    artifact = Path(artifact)
+    manifest = verify_artifact(artifact)
+    if manifest["model"]["task"] != "text-generation":
+        raise InputError(f"{option} benchmarks decoders; {artifact} is {manifest['model']['task']}")
+    threads = os.cpu_count() or 1
+    model = load(artifact, intra_op_threads=threads)
+    return artifact, manifest, model, threads, read_texts(DEFAULT_VALIDATION, "benchmark")
 
 
 def bench_folder(real: Path, manifest: dict) -> Path:

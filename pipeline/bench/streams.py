@@ -11,18 +11,13 @@ last one's first token, whatever the batching.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
-from pathlib import Path
 
-from pipeline.bench.common import bench_folder, host_line, identity, write_results
+from pipeline.bench.common import bench_folder, host_line, identity, open_decoder, write_results
 from pipeline.bench.generation import exact_prompts
-from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
 from pipeline.build.timing import percentile
-from pipeline.errors import InputError
-from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.continuous import ContinuousBatcher
 
 VARIANTS = ("continuous", "one-at-a-time")
@@ -75,15 +70,7 @@ def bench_streams(
 ) -> dict:
     """Benchmark continuous batching against one request at a time on `artifact` (a decoder); writes bench.json
     and bench.md to `out_dir` (default: beside the artifact's other benchmarks)."""
-    from pipeline.runtime import load
-
-    artifact = Path(artifact)
-    manifest = verify_artifact(artifact)
-    if manifest["model"]["task"] != "text-generation":
-        raise InputError(f"--streams benchmarks decoders; {artifact} is {manifest['model']['task']}")
-    threads = os.cpu_count() or 1
-    model = load(artifact, intra_op_threads=threads)
-    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
+    artifact, manifest, model, threads, texts = open_decoder(artifact, "--streams")
     rows = exact_prompts(model.tokenizer, texts, prompt_tokens, max(streams))
     results = {**identity(manifest, artifact.resolve(), threads), "reps": reps, "new_tokens": new_tokens}
     results.update({"prompt_tokens": prompt_tokens, "runs": {}})

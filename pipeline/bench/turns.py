@@ -8,15 +8,11 @@ conversation. Rounds alternate between the two; per turn, the time to its first 
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
-from pipeline.bench.common import bench_folder, figure, host_line, identity, write_results
+from pipeline.bench.common import bench_folder, figure, host_line, identity, open_decoder, write_results
 from pipeline.bench.generation import exact_prompts
-from pipeline.build.inputs.data import DEFAULT_VALIDATION, read_texts
 from pipeline.errors import InputError
-from pipeline.runtime.artifact import verify_artifact
 from pipeline.runtime.continuous import ContinuousBatcher
 
 VARIANTS = ("prefix-cached", "recomputed")
@@ -39,21 +35,13 @@ def _chat(batcher, messages: list[list[int]], new_tokens: int) -> dict:
 def bench_turns(artifact, out_dir=None, turns: int = 4, message_tokens: int = 128, new_tokens: int = 32, reps=5):
     """Benchmark prefix caching on `artifact` (a decoder with the shared cache layout) over a chat of `turns`
     turns; writes bench.json and bench.md to `out_dir` (default: beside the artifact's other benchmarks)."""
-    from pipeline.runtime import load
-
-    artifact = Path(artifact)
-    manifest = verify_artifact(artifact)
-    if manifest["model"]["task"] != "text-generation":
-        raise InputError(f"--turns benchmarks decoders; {artifact} is {manifest['model']['task']}")
-    threads = os.cpu_count() or 1
-    model = load(artifact, intra_op_threads=threads)
+    artifact, manifest, model, threads, texts = open_decoder(artifact, "--turns")
     room = turns * (message_tokens + new_tokens) + 1
     if room > model.max_length:
         raise InputError(
             f"--turns {turns}: a chat of {turns} turns of {message_tokens} + {new_tokens} tokens needs {room} tokens, "
             f"but {artifact} holds {model.max_length}; ask for fewer turns"
         )
-    texts = read_texts(DEFAULT_VALIDATION, "benchmark")
     messages = [
         list(model.encode([p], "bench")[0].ids) for p in exact_prompts(model.tokenizer, texts, message_tokens, turns)
     ]

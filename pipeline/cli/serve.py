@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from pipeline.runtime.continuous import MAX_SLOTS
+
 
 @click.command()
 @click.argument("artifact")
@@ -32,7 +34,7 @@ import click
 )
 @click.option(
     "--slots",
-    type=click.IntRange(1, 256),
+    type=click.IntRange(1, MAX_SLOTS),
     default=None,
     help="requests a decoder replica decodes together, each with a cache of max_length tokens (default: 16)",
 )
