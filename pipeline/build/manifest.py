@@ -58,6 +58,15 @@ class Chosen:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tuned:
+    """What the tune stage chose on the build host: the session settings (threads, execution mode, split rows) and
+    the shape-bucket plan where it won (None: padded batches)."""
+
+    session: dict
+    shape_buckets: list | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Published:
     """Where the publish stage put the artifact: its folder and version, whether an identical version was already
     there (`reused`), its content id, the engine cache entries it wrote, and the whole build's seconds."""
@@ -116,6 +125,12 @@ class Manifest:
         if record.name == "search":
             return Chosen(*(record.metrics[k] for k in ("graph", "backend", "precision", "session")))
         return Chosen(MODEL_GRAPH, "onnxruntime", None, {})
+
+    def tuned(self) -> Tuned:
+        """The tune stage's choice, empty where it did not run."""
+        record = self.ran("tune")
+        best = dict(record.metrics["best"]) if record else {}
+        return Tuned(best, best.pop("shape_buckets", None))
 
     def graph_records(self) -> dict[str, StageRecord]:
         """The stage that made each graph file this build publishes, by file name: model.onnx (or model.xml and

@@ -135,21 +135,11 @@ def measured_on(target: Target) -> dict:
     }
 
 
-def _tuned(manifest: Manifest) -> dict:
-    tune = manifest.ran("tune")
-    return tune.metrics["best"] if tune else {}
-
-
-def _tuned_session(manifest: Manifest) -> dict:
-    """The session settings the tune stage chose (its shape-bucket plan goes to the model spec instead)."""
-    return {k: v for k, v in _tuned(manifest).items() if k != "shape_buckets"}
-
-
 def _model_spec(manifest: Manifest, content: dict) -> dict:
     """The runtime spec, with the tune stage's shape-bucket plan where it won on this host
     (pipeline.build.shape_buckets).
     Kept out of the artifact's identity, as the tuned session is: the plan is the build host's choice."""
-    plan = _tuned(manifest).get("shape_buckets")
+    plan = manifest.tuned().shape_buckets
     return {**content["model"], "shape_buckets": plan} if plan else content["model"]
 
 
@@ -197,7 +187,7 @@ def _write_staging(
         backend=content["backend"],
         model=_model_spec(manifest, content),
         precision=content["precision"],
-        session={**dataclasses.asdict(target.runtime), **manifest.chosen().session, **_tuned_session(manifest)},
+        session={**dataclasses.asdict(target.runtime), **manifest.chosen().session, **manifest.tuned().session},
         candidates=_candidates(manifest),
         measured_on=measured_on(target),
         engine=content["engine"],

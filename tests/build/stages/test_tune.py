@@ -37,6 +37,7 @@ def test_tune_records_fastest_candidate_and_loader_uses_it(
     with open(manifest.published.path + "/manifest.json") as handle:
         saved = json.load(handle)
     session = {k: v for k, v in metrics["best"].items() if k != "shape_buckets"}
+    assert manifest.tuned().session == session and manifest.tuned().shape_buckets == buckets
     assert {k: saved["session"][k] for k in session} == session and "shape_buckets" not in saved["session"]
     assert not {"ms", "score", "tried"} & set(saved["session"])  # timings go to report.json, not the manifest
     model = load(manifest.published.path)
@@ -108,7 +109,9 @@ def test_tune_times_the_calibration_texts_bucket_plan_and_the_published_spec_car
         content = publish._content(other, load_target(str(target)), {})
         assert "shape_buckets" not in content["model"]
         assert publish._model_spec(other, content).get("shape_buckets") == chosen
-        assert "shape_buckets" not in publish._tuned_session(other)
+        tuned = other.tuned()
+        assert tuned.shape_buckets == chosen and "shape_buckets" not in tuned.session
+        assert tuned.session == {k: v for k, v in best.items() if k != "shape_buckets"}
 
 
 def test_tune_workloads_mixed_batch_spans_the_texts_lengths_when_there_are_more_texts_than_rows():
